@@ -1,0 +1,3 @@
+from ate_devplugin.cli import main
+
+raise SystemExit(main())

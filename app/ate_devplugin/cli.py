@@ -1,0 +1,117 @@
+"""The command line: ``ate-devplugin run | check-config FILE | version``.
+
+Exit codes: 0 done, 1 runtime failure, 2 bad configuration or usage (one line, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from prometheus_client import disable_created_metrics
+
+from ate_devplugin import __version__
+from ate_devplugin.config import ConfigError, ResourceConfig, load_resources
+from ate_devplugin.httpserver import HttpServer
+from ate_devplugin.logs import setup_logging
+from ate_devplugin.metrics import Metrics
+from ate_devplugin.settings import DEFAULTS, Settings, resolve
+from ate_devplugin.supervisor import Daemon
+from ate_devplugin.tracing import setup_tracing
+
+log = logging.getLogger("ate_devplugin")
+
+EXIT_RUNTIME = 1
+EXIT_CONFIG = 2
+SHUTDOWN_DEADLINE_S = 4.0
+TRACE_FLUSH_S = 2.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ate-devplugin", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="serve the configured devices to the kubelet")
+    run.add_argument("--config", help="resource config file (default: ate.dev/kvm -> /dev/kvm)")
+    run.add_argument("--device-root", help=f"where the host's /dev is visible (default {DEFAULTS['device_root']})")
+    run.add_argument("--plugin-dir", help=f"the kubelet's device plugin directory (default {DEFAULTS['plugin_dir']})")
+    run.add_argument(
+        "--metrics-address", help=f"HOST:PORT for /metrics, /healthz, /readyz (default {DEFAULTS['metrics_address']})"
+    )
+    run.add_argument("--log-format", help="auto, json or text (default auto: json unless on a terminal)")
+    run.add_argument("--log-level", help="debug, info, warning or error (default info)")
+    check = sub.add_parser("check-config", help="validate a config file and exit")
+    check.add_argument("file", type=Path)
+    sub.add_parser("version", help="print the version")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "version":
+        print(f"ate-devplugin {__version__}")
+        return 0
+    if args.command == "check-config":
+        try:
+            resources = load_resources(args.file)
+        except ConfigError as exc:
+            print(f"ate-devplugin: config error: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        print(f"{args.file}: ok, {len(resources)} resource(s): {', '.join(r.name for r in resources)}")
+        return 0
+    flags = {k: getattr(args, k) for k in DEFAULTS}
+    try:
+        settings = resolve(flags, os.environ)
+        resources = settings.load_resources()
+    except ConfigError as exc:
+        print(f"ate-devplugin: config error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    setup_logging(settings.log_format, settings.log_level)
+    # The *_created series double the exposition and tell an operator nothing here.
+    disable_created_metrics()  # type: ignore[no-untyped-call]  # unannotated in prometheus-client
+    try:
+        asyncio.run(serve(settings, resources))
+    except OSError as exc:
+        log.error("cannot run: %s", exc)
+        return EXIT_RUNTIME
+    return 0
+
+
+async def serve(settings: Settings, resources: tuple[ResourceConfig, ...]) -> None:
+    loop = asyncio.get_running_loop()
+    metrics = Metrics(revision=os.environ.get("ATE_DEVPLUGIN_REVISION", "unknown"))
+    tracing = setup_tracing()
+    daemon = Daemon(settings, resources, metrics, tracing)
+    http = HttpServer(settings.metrics_host, settings.metrics_port, metrics.registry, loop, daemon.readiness)
+    http.start()
+    log.info("listening for metrics and probes", extra={"address": f"{settings.metrics_host}:{http.port}"})
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    running = asyncio.create_task(daemon.run(stop), name="daemon")
+    stopping = asyncio.create_task(stop.wait(), name="stop signal")
+    await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if running.done():
+        running.result()  # an unexpected end is an error: raise it
+        return
+    log.info("stopping")
+    try:
+        await asyncio.wait_for(running, SHUTDOWN_DEADLINE_S)
+    except TimeoutError:
+        log.error("shutdown did not finish within %.1fs", SHUTDOWN_DEADLINE_S)
+    http.close()
+    _flush(tracing.shutdown)
+    log.info("stopped")
+
+
+def _flush(shutdown: Callable[[], None]) -> None:
+    """Flushes spans, giving up after a deadline so an unreachable collector cannot hold exit."""
+    thread = threading.Thread(target=shutdown, name="trace flush", daemon=True)
+    thread.start()
+    thread.join(TRACE_FLUSH_S)

@@ -1,0 +1,164 @@
+"""Finding a resource's device nodes under the device root.
+
+Paths in the configuration are host paths (``/dev/kvm``); the device root is where the
+host's ``/dev`` is visible to us (``/dev`` on the host, ``/host/dev`` in the chart).
+Symlinks are resolved inside the root, as the host would see them, and a node that
+resolves outside the root is ignored: the daemon never hands out what it cannot vouch for.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from ate_devplugin.config import ResourceConfig, is_glob
+
+log = logging.getLogger(__name__)
+
+HOST_DEV = PurePosixPath("/dev")
+_MAX_SYMLINKS = 40
+
+
+@dataclass(frozen=True, order=True)
+class DeviceNode:
+    host_path: str  # as the container runtime must be told, e.g. /dev/kvm
+    major: int
+    minor: int
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """What was found for one resource."""
+
+    nodes: tuple[DeviceNode, ...]
+    complete: bool  # every configured path (and every glob) matched at least one node
+
+
+class EscapesRootError(Exception):
+    pass
+
+
+def resolve_in_root(root: str, host_path: str) -> str | None:
+    """The real path under ``root`` of ``host_path`` (a path under /dev), or None if absent.
+
+    Symlinks are followed as if ``root`` were the host's /dev: absolute targets are
+    host paths, relative ones relative to the link. Raises EscapesRootError when the chain
+    leaves /dev.
+    """
+    parts = list(PurePosixPath(host_path).relative_to(HOST_DEV).parts)
+    resolved: list[str] = []
+    hops = 0
+    while parts:
+        part = parts.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not resolved:
+                raise EscapesRootError(host_path)
+            resolved.pop()
+            continue
+        candidate = os.path.join(root, *resolved, part)
+        try:
+            st = os.lstat(candidate)
+        except FileNotFoundError:
+            return None
+        except NotADirectoryError:
+            return None
+        if stat.S_ISLNK(st.st_mode):
+            hops += 1
+            if hops > _MAX_SYMLINKS:
+                raise EscapesRootError(host_path)
+            target = PurePosixPath(os.readlink(candidate))
+            if target.is_absolute():
+                try:
+                    rel = target.relative_to(HOST_DEV)
+                except ValueError:
+                    raise EscapesRootError(host_path) from None
+                resolved = []
+                parts = list(rel.parts) + parts
+            else:
+                parts = list(target.parts) + parts
+            continue
+        resolved.append(part)
+    return os.path.join(root, *resolved)
+
+
+def _char_device(root: str, host_path: str) -> DeviceNode | None:
+    try:
+        real = resolve_in_root(root, host_path)
+    except EscapesRootError:
+        log.warning("ignoring %s: it resolves outside the device root %s", host_path, root)
+        return None
+    if real is None:
+        return None
+    try:
+        st = os.stat(real)
+    except OSError:
+        return None
+    if not stat.S_ISCHR(st.st_mode):
+        log.warning("ignoring %s: not a character device", host_path)
+        return None
+    return DeviceNode(host_path, os.major(st.st_rdev), os.minor(st.st_rdev))
+
+
+def _expand(root: str, pattern: str) -> list[str]:
+    """Host paths under /dev matching a glob, walking only the directories it names."""
+    matches = [str(HOST_DEV)]
+    for part in PurePosixPath(pattern).relative_to(HOST_DEV).parts:
+        next_matches: list[str] = []
+        for base in matches:
+            if not is_glob(part):
+                next_matches.append(f"{base}/{part}")
+                continue
+            try:
+                real = resolve_in_root(root, base)
+            except EscapesRootError:
+                continue
+            if real is None:
+                continue
+            try:
+                names = sorted(os.listdir(real))
+            except OSError:
+                continue
+            next_matches.extend(f"{base}/{n}" for n in fnmatch.filter(names, part) if not n.startswith("."))
+        matches = next_matches
+    return matches
+
+
+def discover(resource: ResourceConfig, root: str) -> Discovery:
+    nodes: dict[str, DeviceNode] = {}
+    complete = True
+    for path in resource.devices:
+        found = [n for p in (_expand(root, path) if is_glob(path) else [path]) if (n := _char_device(root, p))]
+        complete = complete and bool(found)
+        nodes.update((n.host_path, n) for n in found)
+    return Discovery(nodes=tuple(sorted(nodes.values())), complete=complete)
+
+
+def watch_dirs(resource: ResourceConfig, root: str) -> set[str]:
+    """Directories under the root whose events can change this resource's discovery.
+
+    The deepest existing directory on each configured path, so that creating a
+    missing parent directory is seen too. Glob parts stop the descent: the directory
+    above the first glob part is watched.
+    """
+    dirs: set[str] = set()
+    for path in resource.devices:
+        parent = PurePosixPath(path).parent
+        fixed: list[str] = []
+        for part in parent.relative_to(HOST_DEV).parts:
+            if is_glob(part):
+                break
+            fixed.append(part)
+        current = root
+        for part in fixed:
+            nxt = os.path.join(current, part)
+            if not os.path.isdir(nxt) or os.path.islink(nxt):
+                break
+            current = nxt
+        dirs.add(current)
+    return dirs

@@ -1,0 +1,74 @@
+"""The single source of truth for one resource's device state, with a change feed.
+
+The loop owns every instance: discovery updates, the kubelet's streams and readiness all
+read and write it from the event loop thread only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from ate_devplugin.config import ResourceConfig
+from ate_devplugin.devices import Discovery
+
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+
+
+class ResourceState:
+    def __init__(self, config: ResourceConfig) -> None:
+        self.config = config
+        self.unit_ids = config.unit_ids()
+        self.known_ids = frozenset(self.unit_ids)
+        self.discovery = Discovery(nodes=(), complete=False)
+        self.ever_present = False
+        self.registered = False
+        self.streams = 0
+        self.closed = False
+        self.version = 0
+        self._changed = asyncio.Event()
+        self.on_streams_changed: Callable[[], None] = lambda: None
+
+    @property
+    def health(self) -> str:
+        return HEALTHY if self.discovery.complete else UNHEALTHY
+
+    @property
+    def serving(self) -> bool:
+        """Registered and the kubelet holds the ListAndWatch stream."""
+        return self.registered and self.streams > 0
+
+    def update(self, discovery: Discovery) -> bool:
+        """Record a discovery; returns whether the advertised health changed."""
+        before = self.health
+        self.discovery = discovery
+        self.ever_present = self.ever_present or discovery.complete
+        if self.health == before:
+            return False
+        self._bump()
+        return True
+
+    def stream_opened(self) -> None:
+        self.streams += 1
+        self.on_streams_changed()
+
+    def stream_closed(self) -> None:
+        self.streams -= 1
+        self.on_streams_changed()
+
+    def close(self) -> None:
+        """Ends every ListAndWatch stream of this resource."""
+        self.closed = True
+        self._bump()
+
+    async def wait_for_change(self, seen: int) -> None:
+        """Returns once ``version`` differs from ``seen`` (at once if it already does)."""
+        while self.version == seen:
+            await self._changed.wait()
+
+    def _bump(self) -> None:
+        self.version += 1
+        # Wake every current waiter, then start a fresh event for the next change.
+        self._changed.set()
+        self._changed = asyncio.Event()

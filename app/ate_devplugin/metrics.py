@@ -1,0 +1,126 @@
+"""Prometheus collectors, on a registry the application owns."""
+
+from __future__ import annotations
+
+import platform
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+)
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+
+from ate_devplugin import __version__
+
+PREFIX = "ate_devplugin"
+REGISTRATION_RESULTS = ("success", "unavailable", "timeout", "rejected", "error")
+HEALTH_LABELS = ("healthy", "unhealthy")
+ALLOCATE_CODES = ("OK", "INVALID_ARGUMENT", "FAILED_PRECONDITION", "INTERNAL")
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None, revision: str = "unknown") -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        res = ["resource_name"]
+        Info(f"{PREFIX}_build", "Version of the running daemon.", registry=r).info(
+            {"version": __version__, "revision": revision, "python_version": platform.python_version()}
+        )
+        self.registrations = Counter(
+            f"{PREFIX}_registrations",
+            "Register calls to the kubelet, by result.",
+            [*res, "result"],
+            registry=r,
+        )
+        self.registered = Gauge(
+            f"{PREFIX}_registered",
+            "1 while registered and the kubelet holds the ListAndWatch stream.",
+            res,
+            registry=r,
+        )
+        self.kubelet_restarts = Counter(
+            f"{PREFIX}_kubelet_restarts", "Times the kubelet socket was created anew.", registry=r
+        )
+        self.devices = Gauge(f"{PREFIX}_devices", "Advertised units, by health.", [*res, "health"], registry=r)
+        self.device_nodes_present = Gauge(
+            f"{PREFIX}_device_nodes_present", "Device nodes found for the resource.", res, registry=r
+        )
+        self.health_changes = Counter(
+            f"{PREFIX}_device_health_changes",
+            "Changes of the advertised health, by new health.",
+            [*res, "health"],
+            registry=r,
+        )
+        self.allocate_requests = Counter(
+            f"{PREFIX}_allocate_requests",
+            "Allocate calls, by gRPC status code.",
+            [*res, "code"],
+            registry=r,
+        )
+        self.allocate_duration = Histogram(
+            f"{PREFIX}_allocate_duration_seconds",
+            "Time to answer an Allocate call.",
+            res,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.preferred_allocation_requests = Counter(
+            f"{PREFIX}_preferred_allocation_requests", "GetPreferredAllocation calls.", res, registry=r
+        )
+        self.list_and_watch_updates = Counter(
+            f"{PREFIX}_list_and_watch_updates", "Device lists sent to the kubelet.", res, registry=r
+        )
+        self.list_and_watch_streams = Gauge(
+            f"{PREFIX}_list_and_watch_streams", "Open ListAndWatch streams.", res, registry=r
+        )
+        self.config_reloads = Counter(
+            f"{PREFIX}_config_reloads", "Configuration reloads, by result.", ["result"], registry=r
+        )
+        for result in ("success", "failure"):
+            self.config_reloads.labels(result)
+
+    def add_resource(self, name: str) -> None:
+        """Create every labelled series of a resource at zero."""
+        for result in REGISTRATION_RESULTS:
+            self.registrations.labels(name, result)
+        for health in HEALTH_LABELS:
+            self.devices.labels(name, health).set(0)
+            self.health_changes.labels(name, health)
+        for code in ALLOCATE_CODES:
+            self.allocate_requests.labels(name, code)
+        for metric in (
+            self.registered,
+            self.device_nodes_present,
+            self.allocate_duration,
+            self.preferred_allocation_requests,
+            self.list_and_watch_updates,
+            self.list_and_watch_streams,
+        ):
+            metric.labels(name)
+
+    def remove_resource(self, name: str) -> None:
+        for result in REGISTRATION_RESULTS:
+            self.registrations.remove(name, result)
+        for health in HEALTH_LABELS:
+            self.devices.remove(name, health)
+            self.health_changes.remove(name, health)
+        for code in ALLOCATE_CODES:
+            self.allocate_requests.remove(name, code)
+        for metric in (
+            self.registered,
+            self.device_nodes_present,
+            self.allocate_duration,
+            self.preferred_allocation_requests,
+            self.list_and_watch_updates,
+            self.list_and_watch_streams,
+        ):
+            metric.remove(name)

@@ -1,0 +1,200 @@
+"""The DevicePlugin gRPC service of one resource: protocol translation only."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+import grpc
+from opentelemetry.trace import SpanKind, Tracer
+
+from ate_devplugin.api.v1beta1 import api_pb2 as pb
+from ate_devplugin.api.v1beta1 import api_pb2_grpc
+from ate_devplugin.inventory import HEALTHY, ResourceState
+from ate_devplugin.metrics import Metrics
+from ate_devplugin.tracing import rpc_span, set_rpc_status, trace_id_exemplar
+
+log = logging.getLogger(__name__)
+
+SERVICE = "v1beta1.DevicePlugin"
+OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+# The servicer's methods see the context only to abort with a status.
+Context = grpc.aio.ServicerContext[Any, Any]
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+
+
+class RequestError(Exception):
+    """A request the daemon refuses; becomes the given gRPC status."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
+    def __init__(self, state: ResourceState, metrics: Metrics, tracer: Tracer) -> None:
+        self.state = state
+        self.metrics = metrics
+        self.tracer = tracer
+        self.resource = state.config.name
+        self._responses: dict[str, pb.ListAndWatchResponse] = {}
+
+    async def GetDevicePluginOptions(self, request: pb.Empty, context: Context) -> pb.DevicePluginOptions:
+        return await self._unary("GetDevicePluginOptions", request, context, self._options)
+
+    async def Allocate(self, request: pb.AllocateRequest, context: Context) -> pb.AllocateResponse:
+        return await self._unary("Allocate", request, context, self._allocate, self._record_allocate)
+
+    async def GetPreferredAllocation(
+        self, request: pb.PreferredAllocationRequest, context: Context
+    ) -> pb.PreferredAllocationResponse:
+        self.metrics.preferred_allocation_requests.labels(self.resource).inc()
+        return await self._unary("GetPreferredAllocation", request, context, self._preferred)
+
+    async def PreStartContainer(
+        self, request: pb.PreStartContainerRequest, context: Context
+    ) -> pb.PreStartContainerResponse:
+        return await self._unary("PreStartContainer", request, context, lambda _: pb.PreStartContainerResponse())
+
+    async def ListAndWatch(self, request: pb.Empty, context: Context) -> AsyncIterator[pb.ListAndWatchResponse]:
+        state = self.state
+        state.stream_opened()
+        self.metrics.list_and_watch_streams.labels(self.resource).inc()
+        log.info("kubelet opened ListAndWatch", extra={"resource": self.resource})
+        try:
+            while not state.closed:
+                seen = state.version
+                response = self._device_list(state.health)
+                with self.tracer.start_as_current_span(
+                    f"{SERVICE}/ListAndWatch update",
+                    kind=SpanKind.SERVER,
+                    attributes={
+                        "rpc.system": "grpc",
+                        "rpc.service": SERVICE,
+                        "rpc.method": "ListAndWatch",
+                        "ate_devplugin.resource_name": self.resource,
+                        "ate_devplugin.units": len(response.devices),
+                        "ate_devplugin.health": state.health,
+                    },
+                ):
+                    yield response
+                self.metrics.list_and_watch_updates.labels(self.resource).inc()
+                await state.wait_for_change(seen)
+        finally:
+            state.stream_closed()
+            self.metrics.list_and_watch_streams.labels(self.resource).dec()
+            log.info("ListAndWatch ended", extra={"resource": self.resource})
+
+    # --- the answers -------------------------------------------------------------
+
+    def _options(self, _: pb.Empty) -> pb.DevicePluginOptions:
+        return OPTIONS
+
+    def _device_list(self, health: str) -> pb.ListAndWatchResponse:
+        """The full unit list in one health; built once per health, then reused."""
+        response = self._responses.get(health)
+        if response is None:
+            response = pb.ListAndWatchResponse(devices=[pb.Device(ID=i, health=health) for i in self.state.unit_ids])
+            self._responses[health] = response
+        return response
+
+    def _check_ids(self, ids: list[str], what: str) -> None:
+        unknown = [i for i in ids if i not in self.state.known_ids]
+        if unknown:
+            shown = ", ".join(repr(i) for i in unknown[:3]) + (" ..." if len(unknown) > 3 else "")
+            raise RequestError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{what}: {len(unknown)} device ID(s) not of resource {self.resource}: {shown}",
+            )
+        if len(set(ids)) != len(ids):
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: a device ID is listed twice")
+
+    def _allocate(self, request: pb.AllocateRequest) -> pb.AllocateResponse:
+        if not request.container_requests:
+            raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "no container requests")
+        state = self.state
+        for n, creq in enumerate(request.container_requests):
+            if not creq.devices_ids:
+                raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"container request {n}: no device IDs")
+            self._check_ids(list(creq.devices_ids), f"container request {n}")
+        if state.health != HEALTHY:
+            raise RequestError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{self.resource}: device nodes are absent ({', '.join(state.config.devices)})",
+            )
+        config = state.config
+        container = pb.ContainerAllocateResponse(
+            envs=dict(config.env),
+            mounts=[
+                pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+                for m in config.mounts
+            ],
+            devices=[
+                pb.DeviceSpec(container_path=n.host_path, host_path=n.host_path, permissions=config.permissions)
+                for n in state.discovery.nodes
+            ],
+        )
+        # Every unit of a resource stands for the same device nodes: each container gets them once.
+        return pb.AllocateResponse(container_responses=[container] * len(request.container_requests))
+
+    def _preferred(self, request: pb.PreferredAllocationRequest) -> pb.PreferredAllocationResponse:
+        responses = []
+        for n, creq in enumerate(request.container_requests):
+            available = list(creq.available_deviceIDs)
+            must = list(creq.must_include_deviceIDs)
+            self._check_ids(available, f"container request {n} available")
+            self._check_ids(must, f"container request {n} must_include")
+            size = creq.allocation_size
+            if size < 0 or size > len(available):
+                raise RequestError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"container request {n}: allocation_size {size} outside 0..{len(available)}",
+                )
+            # Units are interchangeable; prefer the lowest-numbered, so allocations
+            # read predictably in the kubelet's checkpoint.
+            chosen = must[:size]
+            rest = sorted(set(available) - set(must), key=_unit_number)
+            chosen += rest[: size - len(chosen)]
+            responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=chosen))
+        return pb.PreferredAllocationResponse(container_responses=responses)
+
+    def _record_allocate(self, code: grpc.StatusCode, seconds: float, exemplar: dict[str, str] | None) -> None:
+        self.metrics.allocate_requests.labels(self.resource, code.name).inc()
+        self.metrics.allocate_duration.labels(self.resource).observe(seconds, exemplar=exemplar)
+
+    # --- one wrapper for status, span, metrics and logs of unary calls ----------
+
+    async def _unary(
+        self,
+        method: str,
+        request: Req,
+        context: Context,
+        handler: Callable[[Req], Resp],
+        record: Callable[[grpc.StatusCode, float, dict[str, str] | None], None] | None = None,
+    ) -> Resp:
+        start = time.perf_counter()
+        with rpc_span(self.tracer, SERVICE, method, SpanKind.SERVER) as span:
+            span.set_attribute("ate_devplugin.resource_name", self.resource)
+            try:
+                response = handler(request)
+                code, message = grpc.StatusCode.OK, ""
+            except RequestError as exc:
+                code, message = exc.code, str(exc)
+                log.warning("%s refused: %s", method, exc, extra={"resource": self.resource})
+            except Exception as exc:
+                code, message = grpc.StatusCode.INTERNAL, f"{method}: internal error: {exc}"
+                log.exception("%s failed", method, extra={"resource": self.resource})
+            set_rpc_status(span, code.value[0], code.name, message)
+            if record is not None:
+                record(code, time.perf_counter() - start, trace_id_exemplar(span))
+        if code is not grpc.StatusCode.OK:
+            await context.abort(code, message)
+        return response
+
+
+def _unit_number(unit_id: str) -> int:
+    return int(unit_id.rsplit("-", 1)[1])

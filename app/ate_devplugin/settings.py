@@ -1,0 +1,101 @@
+"""Daemon settings: command-line flags over environment variables over defaults."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ate_devplugin.config import DEFAULT_RESOURCES, ConfigError, ResourceConfig, load_resources
+
+ENV_PREFIX = "ATE_DEVPLUGIN_"
+DEFAULTS = {
+    "config": "",
+    "device_root": "/dev",
+    "plugin_dir": "/var/lib/kubelet/device-plugins",
+    "metrics_address": "0.0.0.0:9477",
+    "log_format": "auto",
+    "log_level": "info",
+}
+LOG_FORMATS = ("auto", "json", "text")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+KUBELET_SOCKET = "kubelet.sock"
+# sun_path holds 108 bytes including the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+
+@dataclass(frozen=True)
+class Settings:
+    config: Path | None
+    device_root: str
+    plugin_dir: str
+    metrics_host: str
+    metrics_port: int
+    log_format: str
+    log_level: str
+
+    @property
+    def kubelet_socket(self) -> str:
+        return os.path.join(self.plugin_dir, KUBELET_SOCKET)
+
+    def socket_path(self, resource: ResourceConfig) -> str:
+        return os.path.join(self.plugin_dir, resource.socket_name)
+
+    def check_resources(self, resources: tuple[ResourceConfig, ...]) -> None:
+        """Checks what depends on both settings and resources (socket path lengths)."""
+        for i, r in enumerate(resources):
+            path = self.socket_path(r)
+            if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+                raise ConfigError(
+                    f"resources[{i}].name",
+                    f"socket path {path!r} is longer than the {MAX_SOCKET_PATH}-byte unix socket limit",
+                )
+
+    def load_resources(self) -> tuple[ResourceConfig, ...]:
+        resources = load_resources(self.config) if self.config else DEFAULT_RESOURCES
+        self.check_resources(resources)
+        return resources
+
+
+def resolve(flags: Mapping[str, str | None], env: Mapping[str, str]) -> Settings:
+    """Flags (None when not given) win over ATE_DEVPLUGIN_* variables, which win over defaults."""
+
+    def pick(key: str) -> str:
+        flag = flags.get(key)
+        if flag is not None:
+            return flag
+        return env.get(ENV_PREFIX + key.upper(), DEFAULTS[key])
+
+    device_root = _absolute_dir(pick("device_root"), "device_root")
+    plugin_dir = _absolute_dir(pick("plugin_dir"), "plugin_dir")
+    host, port = _address(pick("metrics_address"))
+    log_format = pick("log_format").lower()
+    if log_format not in LOG_FORMATS:
+        raise ConfigError("log_format", f"must be one of {', '.join(LOG_FORMATS)} (got {log_format!r})")
+    log_level = pick("log_level").lower()
+    if log_level not in LOG_LEVELS:
+        raise ConfigError("log_level", f"must be one of {', '.join(LOG_LEVELS)} (got {log_level!r})")
+    config = pick("config")
+    return Settings(
+        config=Path(config) if config else None,
+        device_root=device_root,
+        plugin_dir=plugin_dir,
+        metrics_host=host,
+        metrics_port=port,
+        log_format=log_format,
+        log_level=log_level,
+    )
+
+
+def _absolute_dir(value: str, name: str) -> str:
+    if not value.startswith("/"):
+        raise ConfigError(name, f"must be an absolute path (got {value!r})")
+    return os.path.normpath(value)
+
+
+def _address(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError("metrics_address", f"must be HOST:PORT with a port from 0 to 65535 (got {value!r})")
+    return host.strip("[]") or "0.0.0.0", int(port)
