@@ -1,0 +1,72 @@
+"""The command line as an operator meets it: exit codes and one-line errors."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ate_devplugin import __version__
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ate_devplugin", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_version() -> None:
+    result = run("version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"ate-devplugin {__version__}"
+
+
+def test_check_config_ok(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("resources: [{name: ate.dev/kvm, devices: [/dev/kvm]}]\n")
+    result = run("check-config", str(config))
+    assert result.returncode == 0, result.stderr
+    assert "ate.dev/kvm" in result.stdout
+
+
+@pytest.mark.parametrize("command", ["check-config", "run"])
+def test_bad_config_exits_2_with_one_line(tmp_path: Path, command: str) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("resources: [{name: ate.dev/kvm, devices: [/dev/kvm], units: -1}]\n")
+    plugin_dir = tmp_path / "plugins"
+    args = [str(config)] if command == "check-config" else ["--config", str(config), "--plugin-dir", str(plugin_dir)]
+    result = run(command, *args)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("ate-devplugin: config error: resources[0].units:")
+    assert not plugin_dir.exists()  # nothing started
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "field"),
+    [
+        (["--device-root", "dev"], {}, "device_root"),
+        (["--metrics-address", "localhost"], {}, "metrics_address"),
+        ([], {"ATE_DEVPLUGIN_LOG_FORMAT": "xml"}, "log_format"),
+        (["--plugin-dir", "/" + "p" * 100], {}, "resources[0].name"),
+    ],
+)
+def test_bad_settings_exit_2(args: list[str], env: dict[str, str], field: str) -> None:
+    result = run("run", *args, env=env)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"ate-devplugin: config error: {field}:"), result.stderr
+
+
+def test_flags_win_over_env() -> None:
+    from ate_devplugin.settings import resolve
+
+    settings = resolve(
+        {"device_root": "/host/dev"}, {"ATE_DEVPLUGIN_DEVICE_ROOT": "/x", "ATE_DEVPLUGIN_PLUGIN_DIR": "/p"}
+    )
+    assert (settings.device_root, settings.plugin_dir) == ("/host/dev", "/p")
+    assert settings.kubelet_socket == "/p/kubelet.sock"

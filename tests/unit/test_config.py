@@ -1,0 +1,114 @@
+from pathlib import Path
+
+import pytest
+
+from ate_devplugin.api.v1beta1 import api_pb2 as pb
+from ate_devplugin.config import DEFAULT_UNITS, MAX_MESSAGE_BYTES, ConfigError, max_units, parse_resources
+
+MINIMAL = "resources:\n  - name: ate.dev/kvm\n    devices: [/dev/kvm]\n"
+
+
+def test_minimal_resource_gets_defaults() -> None:
+    (r,) = parse_resources(MINIMAL)
+    assert (r.name, r.devices, r.units, r.permissions) == ("ate.dev/kvm", ("/dev/kvm",), DEFAULT_UNITS, "rw")
+    assert r.socket_name == "ate-ate-dev-kvm.sock"
+    assert r.unit_ids()[:2] == ["kvm-0", "kvm-1"]
+
+
+def test_full_resource() -> None:
+    (r,) = parse_resources(
+        """
+resources:
+  - name: ate.dev/vhost
+    devices: [/dev/vhost-net, /dev/net/tun]
+    units: 16
+    permissions: wr
+    mounts: [{container_path: /etc/x, host_path: /etc/y}]
+    env: {VHOST: "1", N: 2}
+"""
+    )
+    assert r.devices == ("/dev/vhost-net", "/dev/net/tun")
+    assert r.permissions == "rw"
+    assert r.mounts[0].read_only is True
+    assert dict(r.env) == {"VHOST": "1", "N": "2"}
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "words"),
+    [
+        ("resources: [", "line", "invalid YAML"),
+        ("[]", "config", "mapping"),
+        ("resources: []", "resources", "non-empty"),
+        ("resources: [{name: ate.dev/kvm}]", "resources[0].devices", "required"),
+        ("resources: [{name: ate.dev/kvm, devices: [/dev/kvm], colour: red}]", "resources[0].colour", "unknown key"),
+        ("extra: 1\nresources: [{name: a.b/c, devices: [/dev/kvm]}]", "extra", "unknown key"),
+        ("resources: [{name: kvm, devices: [/dev/kvm]}]", "resources[0].name", "<domain>/<name>"),
+        ("resources: [{name: kubernetes.io/kvm, devices: [/dev/kvm]}]", "resources[0].name", "reserved"),
+        ("resources: [{name: x.kubernetes.io/kvm, devices: [/dev/kvm]}]", "resources[0].name", "reserved"),
+        ("resources: [{name: requests.ate.dev/kvm, devices: [/dev/kvm]}]", "resources[0].name", "requests."),
+        ("resources: [{name: ATE.dev/kvm, devices: [/dev/kvm]}]", "resources[0].name", "DNS subdomain"),
+        ("resources: [{name: ate.dev/-kvm, devices: [/dev/kvm]}]", "resources[0].name", "name part"),
+        ("resources: [{name: ate.dev/a/b, devices: [/dev/kvm]}]", "resources[0].name", "more than one"),
+        (f"resources: [{{name: ate.dev/{'k' * 64}, devices: [/dev/kvm]}}]", "resources[0].name", "1-63"),
+        ("resources: [{name: ate.dev/kvm, devices: [dev/kvm]}]", "resources[0].devices[0]", "absolute"),
+        ("resources: [{name: ate.dev/kvm, devices: [/etc/passwd]}]", "resources[0].devices[0]", "under /dev"),
+        ("resources: [{name: ate.dev/kvm, devices: [/dev/../etc/shadow]}]", "resources[0].devices[0]", "'..'"),
+        ("resources: [{name: ate.dev/kvm, devices: [/dev]}]", "resources[0].devices[0]", "under /dev"),
+        ("resources: [{name: ate.dev/kvm, devices: [/dev/kvm, /dev//kvm]}]", "resources[0].devices", "twice"),
+        ("resources: [{name: ate.dev/kvm, devices: []}]", "resources[0].devices", "non-empty"),
+        ("resources: [{name: ate.dev/kvm, devices: [3]}]", "resources[0].devices[0]", "string"),
+        ("resources: [{name: ate.dev/kvm, devices: [/dev/kvm], units: 0}]", "resources[0].units", "positive"),
+        ("resources: [{name: ate.dev/kvm, devices: [/dev/kvm], units: true}]", "resources[0].units", "positive"),
+        ("resources: [{name: ate.dev/kvm, devices: [/dev/kvm], units: '8'}]", "resources[0].units", "positive"),
+        ("resources: [{name: ate.dev/kvm, devices: [/dev/kvm], units: 999999}]", "resources[0].units", "4 MiB"),
+        ("resources: [{name: ate.dev/kvm, devices: [/dev/kvm], permissions: rwx}]", "resources[0].permissions", "rwm"),
+        ("resources: [{name: ate.dev/kvm, devices: [/dev/kvm], permissions: rr}]", "resources[0].permissions", "once"),
+        ("resources: [{name: ate.dev/kvm, devices: [/dev/kvm], permissions: ''}]", "resources[0].permissions", "rwm"),
+        ("resources: [{name: ate.dev/kvm, devices: [/dev/kvm], env: {1X: a}}]", "resources[0].env.1X", "variable"),
+        ("resources: [{name: ate.dev/kvm, devices: [/dev/kvm], env: {X: [a]}}]", "resources[0].env.X", "string"),
+        (
+            "resources: [{name: ate.dev/kvm, devices: [/dev/kvm], mounts: [{container_path: x, host_path: /y}]}]",
+            "resources[0].mounts[0].container_path",
+            "absolute",
+        ),
+        (
+            "resources: [{name: ate.dev/kvm, devices: [/dev/kvm], mounts: [{container_path: /x}]}]",
+            "resources[0].mounts[0].host_path",
+            "required",
+        ),
+        (
+            "resources: [{name: ate.dev/kvm, devices: [/dev/kvm]}, {name: ate.dev/kvm, devices: [/dev/fuse]}]",
+            "resources[1].name",
+            "collides",
+        ),
+        (
+            "resources: [{name: a.b/c, devices: [/dev/kvm]}, {name: a-b/c, devices: [/dev/fuse]}]",
+            "resources[1].name",
+            "collides",
+        ),
+    ],
+)
+def test_bad_config_names_field_and_problem(text: str, field: str, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_resources(text)
+    message = str(info.value)
+    assert message.startswith(field), message
+    assert words in message, message
+    assert "\n" not in message
+
+
+def test_unreadable_file(tmp_path: Path) -> None:
+    from ate_devplugin.config import load_resources
+
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_resources(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize("prefix", ["kvm", "a" * 63])
+def test_max_units_is_exactly_the_message_limit(prefix: str) -> None:
+    def size(units: int) -> int:
+        ids = [f"{prefix}-{n}" for n in range(units)]
+        return pb.ListAndWatchResponse(devices=[pb.Device(ID=i, health="Unhealthy") for i in ids]).ByteSize()
+
+    n = max_units(prefix)
+    assert size(n) <= MAX_MESSAGE_BYTES < size(n + 1)
