@@ -1,0 +1,199 @@
+"""ate-devplugin against the kubelet's real device manager (issue 2 scenarios).
+
+Each test runs in a private mount namespace with the bench (the kubelet's device manager
+of a pinned release) and our daemon, over a device root of real character device nodes.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.daemon import DevicePluginDaemon, sigkill, wait_until
+from harness.devices import add_device_node, make_device_root, remove_device_node
+from harness.kubelet import BenchError, DeviceSpec, KubeletBench, Namespace
+
+KVM = "ate.dev/kvm"
+UNITS = 4096
+KVM_SPEC = DeviceSpec(container_path="/dev/kvm", host_path="/dev/kvm", permissions="rw")
+
+MakeDaemon = Callable[..., DevicePluginDaemon]
+
+
+@pytest.fixture
+def device_root(tmp_path: Path) -> Path:
+    return make_device_root(tmp_path / "dev", {"kvm": "/dev/kvm"})
+
+
+@pytest.fixture
+def daemon(kubelet_ns: Namespace, device_root: Path, tmp_path: Path) -> Iterator[MakeDaemon]:
+    """``daemon(config=None, start=True)``: our daemon in the bench's namespace."""
+    made: list[DevicePluginDaemon] = []
+
+    def make(config: str | None = None, *, start: bool = True) -> DevicePluginDaemon:
+        d = DevicePluginDaemon(device_root, tmp_path / f"daemon{len(made)}", ns=kubelet_ns, config=config)
+        made.append(d)
+        return d.start() if start else d
+
+    yield make
+    for d in made:
+        d.close()
+        print(f"----- {d.log_path} -----\n{d.log_text()[-6000:]}")
+
+
+def full(kubelet: KubeletBench, resource: str = KVM, units: int = UNITS, timeout: float = 30) -> None:
+    kubelet.wait(resource, capacity=units, allocatable=units, timeout=timeout)
+
+
+def test_registration_advertises_every_unit(kubelet: KubeletBench, daemon: MakeDaemon) -> None:
+    d = daemon()
+    full(kubelet)
+    assert kubelet.capacity().of(KVM) == (UNITS, UNITS)
+    wait_until(d.ready, 10, "readyz")
+    assert kubelet.metrics()["registrations"].get(KVM) == 1
+    assert d.metric("ate_devplugin_registrations_total", resource_name=KVM, result="success") == 1
+    assert d.metric("ate_devplugin_registered", resource_name=KVM) == 1
+
+
+def test_allocation_gives_exactly_the_device_node(kubelet: KubeletBench, daemon: MakeDaemon) -> None:
+    daemon()
+    full(kubelet)
+    alloc = kubelet.allocate("pod-a", "vm", {KVM: 1})
+    assert alloc.devices == [KVM_SPEC]
+    assert (alloc.mounts, alloc.envs, alloc.cdi_devices) == ([], {}, [])
+    assert len(alloc.device_ids[KVM]) == 1
+    # Shareable: one unit fewer to hand out, nothing else changes.
+    assert kubelet.capacity().of(KVM) == (UNITS, UNITS)
+    kubelet.allocate("pod-b", "vm", {KVM: 1})
+    assert kubelet.devices("pod-a", "vm") != kubelet.devices("pod-b", "vm")
+
+
+def test_kubelet_uses_our_preferred_allocation(kubelet: KubeletBench, daemon: MakeDaemon) -> None:
+    d = daemon()
+    full(kubelet)
+    # Without a preference the kubelet picks from an unordered set; ours is lowest-first.
+    assert kubelet.allocate("pod-a", "vm", {KVM: 1}).device_ids == {KVM: ["kvm-0"]}
+    assert kubelet.allocate("pod-b", "vm", {KVM: 2}).device_ids == {KVM: ["kvm-1", "kvm-2"]}
+    assert d.metric("ate_devplugin_preferred_allocation_requests_total", resource_name=KVM) == 2
+
+
+def test_kubelet_restart_reregisters_and_keeps_allocations(kubelet: KubeletBench, daemon: MakeDaemon) -> None:
+    d = daemon()
+    full(kubelet)
+    before = kubelet.allocate("pod-a", "vm", {KVM: 1}).device_ids
+    kubelet.restart()  # kill the process, start a new one: sockets wiped, checkpoint kept
+    full(kubelet)
+    assert kubelet.devices("pod-a", "vm") == before
+    assert kubelet.allocate("pod-b", "vm", {KVM: 1}).devices == [KVM_SPEC]
+    assert d.metric("ate_devplugin_kubelet_restarts_total") >= 1
+    wait_until(d.ready, 10, "readyz after kubelet restart")
+
+
+def test_kubelet_restart_in_process(kubelet: KubeletBench, daemon: MakeDaemon) -> None:
+    daemon()
+    full(kubelet)
+    kubelet.restart(in_process=True)
+    full(kubelet)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_plugin_restart_is_clean(
+    kubelet: KubeletBench, kubelet_ns: Namespace, daemon: MakeDaemon, sig: signal.Signals
+) -> None:
+    d = daemon()
+    full(kubelet)
+    kubelet.allocate("pod-a", "vm", {KVM: 1})
+    started = time.monotonic()
+    assert d.stop(sig) == 0
+    assert time.monotonic() - started < 5
+    assert "ate-ate-dev-kvm.sock" not in kubelet_ns.sockets()
+    kubelet.wait(KVM, capacity=UNITS, allocatable=0)  # stream ended: all unhealthy, capacity kept
+    d.start()
+    full(kubelet)
+    assert kubelet.allocate("pod-b", "vm", {KVM: 1}).devices == [KVM_SPEC]
+
+
+def test_plugin_sigkill_leaves_stale_socket_that_restart_handles(
+    kubelet: KubeletBench, kubelet_ns: Namespace, daemon: MakeDaemon
+) -> None:
+    d = daemon()
+    full(kubelet)
+    sigkill(d)
+    assert "ate-ate-dev-kvm.sock" in kubelet_ns.sockets()  # stale
+    kubelet.wait(KVM, capacity=UNITS, allocatable=0)
+    d.start()
+    full(kubelet)
+    assert kubelet.allocate("pod-a", "vm", {KVM: 1}).devices == [KVM_SPEC]
+
+
+def test_device_removed_then_restored(kubelet: KubeletBench, daemon: MakeDaemon, device_root: Path) -> None:
+    d = daemon()
+    full(kubelet)
+    remove_device_node(device_root, "kvm")
+    kubelet.wait(KVM, capacity=UNITS, allocatable=0)
+    assert d.metric("ate_devplugin_devices", resource_name=KVM, health="unhealthy") == UNITS
+    with pytest.raises(BenchError, match="no healthy devices present"):
+        kubelet.allocate("pod-a", "vm", {KVM: 1})
+    add_device_node(device_root, "kvm", "/dev/kvm")
+    full(kubelet)
+    assert kubelet.allocate("pod-b", "vm", {KVM: 1}).devices == [KVM_SPEC]
+    assert d.metric("ate_devplugin_device_health_changes_total", resource_name=KVM, health="unhealthy") == 1
+
+
+def test_device_absent_at_start_then_created(kubelet: KubeletBench, daemon: MakeDaemon, device_root: Path) -> None:
+    remove_device_node(device_root, "kvm")
+    d = daemon()
+    time.sleep(0.5)  # give a wrong advertisement the chance to show
+    assert kubelet.capacity().of(KVM) == (0, 0)
+    assert d.ready()  # nothing present, nothing to register
+    add_device_node(device_root, "kvm", "/dev/kvm")
+    full(kubelet)
+    wait_until(d.ready, 10, "readyz")
+
+
+def test_kubelet_absent_at_start_then_started(
+    kubelet_ns: Namespace, kubelet_version: str, daemon: MakeDaemon, tmp_path: Path
+) -> None:
+    d = daemon()
+    assert not d.ready()
+    with KubeletBench(kubelet_ns, kubelet_version, log_dir=tmp_path / "logs") as kubelet:
+        kubelet.start()
+        full(kubelet)
+    assert d.metric("ate_devplugin_registrations_total", resource_name=KVM, result="success") == 1
+
+
+def test_two_resources_with_mounts_and_env(kubelet: KubeletBench, daemon: MakeDaemon, device_root: Path) -> None:
+    add_device_node(device_root, "vhost-net", "/dev/vhost-net")
+    add_device_node(device_root, "net/tun", "/dev/net/tun")
+    daemon(
+        """
+resources:
+  - name: ate.dev/kvm
+    devices: [/dev/kvm]
+    units: 64
+  - name: ate.dev/vhost
+    devices: [/dev/vhost-net, /dev/net/tun]
+    units: 8
+    permissions: rwm
+    mounts: [{container_path: /etc/ate, host_path: /var/ate, read_only: true}]
+    env: {ATE_VHOST: "1"}
+"""
+    )
+    full(kubelet, KVM, 64)
+    full(kubelet, "ate.dev/vhost", 8)
+    alloc = kubelet.allocate("pod-a", "vm", {KVM: 1, "ate.dev/vhost": 1})
+    assert sorted(alloc.devices, key=lambda s: s.host_path) == [
+        KVM_SPEC,
+        DeviceSpec("/dev/net/tun", "/dev/net/tun", "rwm"),
+        DeviceSpec("/dev/vhost-net", "/dev/vhost-net", "rwm"),
+    ]
+    assert alloc.envs == {"ATE_VHOST": "1"}
+    assert [(m.container_path, m.host_path, m.read_only) for m in alloc.mounts] == [("/etc/ate", "/var/ate", True)]
+    # One of two nodes gone: the whole resource is unhealthy, the other resource is not.
+    remove_device_node(device_root, "net/tun")
+    kubelet.wait("ate.dev/vhost", capacity=8, allocatable=0)
+    assert kubelet.capacity().of(KVM) == (64, 64)
