@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from opentelemetry import context
+
 from ate_devplugin.config import ResourceConfig
 from ate_devplugin.devices import Discovery
 
@@ -27,6 +29,9 @@ class ResourceState:
         self.streams = 0
         self.closed = False
         self.version = 0
+        # The trace context of the latest change, so the update that carries it to the
+        # kubelet shows up in the same trace.
+        self.change_context: context.Context | None = None
         self._changed = asyncio.Event()
         self.on_streams_changed: Callable[[], None] = lambda: None
 
@@ -46,6 +51,7 @@ class ResourceState:
         self.ever_present = self.ever_present or discovery.complete
         if self.health == before:
             return False
+        self.change_context = context.get_current()
         self._bump()
         return True
 

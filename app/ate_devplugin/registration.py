@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import grpc
+from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Tracer
 
 from ate_devplugin.api.v1beta1 import api_pb2 as pb
@@ -34,12 +35,19 @@ class RegistrationError(Exception):
 
 
 async def register(
-    kubelet_socket: str, endpoint: str, resource_name: str, tracer: Tracer, timeout: float = REGISTER_TIMEOUT_S
+    kubelet_socket: str,
+    endpoint: str,
+    resource_name: str,
+    tracer: Tracer,
+    *,
+    cause: Context | None = None,
+    timeout: float = REGISTER_TIMEOUT_S,
 ) -> None:
+    """Registers, raising RegistrationError; ``cause`` parents the span (e.g. a kubelet restart)."""
     request = pb.RegisterRequest(version=API_VERSION, endpoint=endpoint, resource_name=resource_name, options=OPTIONS)
     # Python gRPC would send the socket path as :authority; the kubelet's peers send localhost.
     options = [("grpc.default_authority", "localhost")]
-    with rpc_span(tracer, "v1beta1.Registration", "Register", SpanKind.CLIENT) as span:
+    with rpc_span(tracer, "v1beta1.Registration", "Register", SpanKind.CLIENT, cause) as span:
         span.set_attribute("ate_devplugin.resource_name", resource_name)
         async with grpc.aio.insecure_channel(f"unix://{kubelet_socket}", options=options) as channel:
             try:

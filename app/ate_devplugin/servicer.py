@@ -71,6 +71,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 response = self._device_list(state.health)
                 with self.tracer.start_as_current_span(
                     f"{SERVICE}/ListAndWatch update",
+                    context=state.change_context,
                     kind=SpanKind.SERVER,
                     attributes={
                         "rpc.system": "grpc",

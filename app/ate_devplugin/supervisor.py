@@ -11,12 +11,14 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 
+from opentelemetry import context
 from opentelemetry.trace import SpanKind
 
 from ate_devplugin.config import ConfigError, ResourceConfig
-from ate_devplugin.devices import discover, watch_dirs
-from ate_devplugin.inventory import HEALTHY, ResourceState
+from ate_devplugin.devices import Discovery, discover, watch_dirs
+from ate_devplugin.inventory import HEALTHY, UNHEALTHY, ResourceState
 from ate_devplugin.metrics import Metrics
 from ate_devplugin.registration import Backoff, RegistrationError, register
 from ate_devplugin.server import PluginServer, ServeError
@@ -34,8 +36,16 @@ STOP_GRACE_S = 1.0
 
 
 class ResourceAgent:
-    def __init__(self, config: ResourceConfig, settings: Settings, metrics: Metrics, tracing: Tracing) -> None:
+    def __init__(
+        self,
+        config: ResourceConfig,
+        settings: Settings,
+        metrics: Metrics,
+        tracing: Tracing,
+        check_kubelet: Callable[[], None],
+    ) -> None:
         self.config = config
+        self._check_kubelet = check_kubelet
         self.settings = settings
         self.metrics = metrics
         self.tracing = tracing
@@ -47,6 +57,7 @@ class ResourceAgent:
         self._wake = asyncio.Event()
         self._backoff = Backoff()
         self._said_waiting = False
+        self._cause: context.Context | None = None  # trace context of why we register next
         self.task: asyncio.Task[None] | None = None
 
     @property
@@ -58,6 +69,7 @@ class ResourceAgent:
 
     def kubelet_restarted(self) -> None:
         self.state.registered = False
+        self._cause = context.get_current()
         self.wake()
 
     def start(self) -> None:
@@ -135,8 +147,11 @@ class ResourceAgent:
             await self._sleep(None)
             return
         self._said_waiting = False
+        # A new kubelet may be up before its socket's creation event reaches us; noticing
+        # it here registers once, with the restart as the cause, instead of twice.
+        self._check_kubelet()
         try:
-            await register(kubelet, self.config.socket_name, self.name, self.tracing.tracer)
+            await register(kubelet, self.config.socket_name, self.name, self.tracing.tracer, cause=self._cause)
         except RegistrationError as exc:
             self.metrics.registrations.labels(self.name, exc.reason).inc()
             delay = self._backoff.next()
@@ -150,6 +165,7 @@ class ResourceAgent:
             return
         self.metrics.registrations.labels(self.name, "success").inc()
         self._backoff.reset()
+        self._cause = None
         self.state.registered = True
         log.info("registered with the kubelet", extra={"resource": self.name})
 
@@ -165,6 +181,8 @@ class Daemon:
         self.agents: dict[str, ResourceAgent] = {}
         self._events: asyncio.Queue[FsEvent] = asyncio.Queue()
         self._watcher: Watcher | None = None
+        # Identity (device, inode) of the kubelet socket we last saw, to tell restarts.
+        self._kubelet = _identity(settings.kubelet_socket)
 
     def readiness(self) -> tuple[bool, str]:
         """Ready when every resource whose devices are present is registered and streaming."""
@@ -209,7 +227,7 @@ class Daemon:
 
     def _add(self, resource: ResourceConfig) -> None:
         self.metrics.add_resource(resource.name)
-        agent = ResourceAgent(resource, self.settings, self.metrics, self.tracing)
+        agent = ResourceAgent(resource, self.settings, self.metrics, self.tracing, self._check_kubelet)
         self.agents[resource.name] = agent
         agent.start()
 
@@ -226,7 +244,7 @@ class Daemon:
         for event in batch:
             target = event.dest_path if event.kind == "moved" else event.path
             if event.kind in ("created", "moved") and target == kubelet:
-                self._kubelet_restarted()
+                self._check_kubelet()
             elif event.kind in ("deleted", "moved") and not event.is_directory:
                 for agent in self.agents.values():
                     if event.path == agent.server.socket_path:
@@ -238,10 +256,20 @@ class Daemon:
         self._rediscover()
         self._rewatch()
 
-    def _kubelet_restarted(self) -> None:
+    def _check_kubelet(self) -> None:
+        """Notices a new kubelet by its socket's identity: a restart, seen once however told."""
+        current = _identity(self.settings.kubelet_socket)
+        if current is None or current == self._kubelet:
+            return
+        restarted, self._kubelet = self._kubelet is not None, current
+        if not restarted:
+            log.info("kubelet socket appeared")
+            for agent in self.agents.values():
+                agent.wake()
+            return
         self.metrics.kubelet_restarts.inc()
         with self.tracing.tracer.start_as_current_span("kubelet restart", kind=SpanKind.INTERNAL):
-            log.info("kubelet socket created: registering again")
+            log.info("new kubelet socket: registering again")
             for agent in self.agents.values():
                 agent.kubelet_restarted()
 
@@ -251,8 +279,10 @@ class Daemon:
             state = agent.state
             found = discover(agent.config, root)
             was_present = state.ever_present
-            if state.update(found):
-                self._health_changed(agent)
+            if found.complete == state.discovery.complete:
+                state.update(found)
+            else:
+                self._health_change(agent, found)
             units = agent.config.units
             healthy = units if state.health == HEALTHY else 0
             # Units are advertised once the resource was present; before that, none.
@@ -263,23 +293,24 @@ class Daemon:
             if state.ever_present and not was_present:
                 agent.wake()
 
-    def _health_changed(self, agent: ResourceAgent) -> None:
-        state = agent.state
-        health = state.health
-        self.metrics.health_changes.labels(agent.name, health.lower()).inc()
+    def _health_change(self, agent: ResourceAgent, found: Discovery) -> None:
+        """Applies a discovery that flips the health, inside the span the kubelet update joins."""
+        health = HEALTHY if found.complete else UNHEALTHY
         with self.tracing.tracer.start_as_current_span(
             "device change",
             kind=SpanKind.INTERNAL,
             attributes={
                 "ate_devplugin.resource_name": agent.name,
                 "ate_devplugin.health": health,
-                "ate_devplugin.device_nodes": len(state.discovery.nodes),
+                "ate_devplugin.device_nodes": len(found.nodes),
             },
         ):
+            agent.state.update(found)
+            self.metrics.health_changes.labels(agent.name, health.lower()).inc()
             log.info(
                 "devices %s",
-                "present" if health == HEALTHY else "absent",
-                extra={"resource": agent.name, "nodes": [n.host_path for n in state.discovery.nodes]},
+                "present" if found.complete else "absent",
+                extra={"resource": agent.name, "nodes": [n.host_path for n in found.nodes]},
             )
 
     def _rewatch(self) -> None:
@@ -309,3 +340,11 @@ class Daemon:
         self.resources = resources
         self.metrics.config_reloads.labels("success").inc()
         log.info("config reloaded", extra={"resources": list(wanted)})
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)

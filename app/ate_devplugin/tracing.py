@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
 from ate_devplugin import __version__
@@ -74,10 +75,13 @@ def trace_id_exemplar(span: Span) -> dict[str, str] | None:
 
 
 @contextmanager
-def rpc_span(tracer: Tracer, service: str, method: str, kind: SpanKind) -> Iterator[Span]:
+def rpc_span(
+    tracer: Tracer, service: str, method: str, kind: SpanKind, parent: Context | None = None
+) -> Iterator[Span]:
     """A span for one gRPC call, named and attributed per the RPC semantic conventions.
 
     The caller sets ``rpc.grpc.status_code``; an exception escaping marks the span as an error.
+    ``parent`` is the context of what caused the call, when that was not the current span.
     """
     attributes = {
         "rpc.system": "grpc",
@@ -86,7 +90,7 @@ def rpc_span(tracer: Tracer, service: str, method: str, kind: SpanKind) -> Itera
         "network.transport": "unix",
     }
     with tracer.start_as_current_span(
-        f"{service}/{method}", kind=kind, attributes=attributes, record_exception=True
+        f"{service}/{method}", context=parent, kind=kind, attributes=attributes, record_exception=True
     ) as span:
         yield span
 

@@ -178,6 +178,9 @@ class DevicePluginDaemon:
         return self.ns.path(path) if self.ns else Path(path)
 
 
+MakeDaemon = Callable[..., DevicePluginDaemon]
+
+
 def sigkill(daemon: DevicePluginDaemon) -> None:
     assert daemon.proc is not None
     daemon.proc.send_signal(signal.SIGKILL)

@@ -1,0 +1,136 @@
+"""Fixtures shared by every test folder.
+
+Kubelet bench (tests/harness/kubelet.py):
+
+* ``kubelet_version``: parametrizes a test over every pinned release ("1.35", "1.37").
+  A release whose bench binary is not built is skipped, or fails when
+  ``KUBELET_BENCH_REQUIRED=1`` (set that in CI after tools/build-kubelet-bench.sh).
+* ``kubelet_ns``: a fresh private mount namespace (tmpfs over /var/lib).
+* ``kubelet``: a :class:`KubeletBench` of that release in that namespace, manager started.
+* ``go_stub``: factory starting the kubelet's Go stub device plugin in the namespace.
+
+Our daemon (tests/harness/daemon.py):
+
+* ``device_root``: a device root holding a real ``kvm`` character node.
+* ``daemon``: factory starting our daemon in the bench's namespace.
+
+Logs of the bench, the stubs and the daemons are printed when a test fails.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.daemon import DevicePluginDaemon, MakeDaemon
+from harness.devices import make_device_root
+from harness.kubelet import (
+    KNOWN_VERSIONS,
+    GoStubPlugin,
+    KubeletBench,
+    Namespace,
+    bench_binary,
+    missing_prerequisites,
+)
+
+_failed_key = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    report = yield
+    if report.when == "call" and report.failed:
+        item.stash[_failed_key] = True
+    return report
+
+
+def _failed(request: pytest.FixtureRequest) -> bool:
+    return bool(request.node.stash.get(_failed_key, False))
+
+
+@pytest.fixture(params=KNOWN_VERSIONS, ids=[f"k8s{v}" for v in KNOWN_VERSIONS])
+def kubelet_version(request: pytest.FixtureRequest) -> str:
+    version: str = request.param
+    why = missing_prerequisites()
+    if why:
+        pytest.skip(why)
+    if not os.access(bench_binary(version), os.X_OK):
+        msg = f"kubelet bench {version} not built: run tools/build-kubelet-bench.sh"
+        if os.environ.get("KUBELET_BENCH_REQUIRED", "") not in ("", "0"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return version
+
+
+@pytest.fixture
+def kubelet_ns(kubelet_version: str) -> Iterator[Namespace]:
+    with Namespace() as ns:
+        yield ns
+
+
+@pytest.fixture
+def kubelet(
+    kubelet_ns: Namespace, kubelet_version: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[KubeletBench]:
+    bench = KubeletBench(kubelet_ns, kubelet_version, log_dir=tmp_path / "logs")
+    try:
+        bench.start()
+        yield bench
+    finally:
+        bench.close()
+        if _failed(request):
+            print(f"----- {bench.log_path} -----\n{bench.log_text()[-20000:]}")
+
+
+@pytest.fixture
+def go_stub(
+    kubelet_ns: Namespace, kubelet_version: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., GoStubPlugin]]:
+    """``go_stub(resource, devices=N, **options)`` starts a registered Go stub plugin
+    (options as for :class:`GoStubPlugin`; ``start=False`` only creates it)."""
+    stubs: list[GoStubPlugin] = []
+
+    def make(resource: str, *, start: bool = True, **options: Any) -> GoStubPlugin:
+        options.setdefault("log_dir", tmp_path / "logs")
+        stub = GoStubPlugin(kubelet_ns, kubelet_version, resource, **options)
+        stubs.append(stub)
+        return stub.start() if start else stub
+
+    try:
+        yield make
+    finally:
+        for stub in stubs:
+            stub.stop()
+        if _failed(request):
+            for stub in stubs:
+                print(f"----- {stub.log_path} -----\n{stub.log_text()[-20000:]}")
+
+
+@pytest.fixture
+def device_root(tmp_path: Path) -> Path:
+    return make_device_root(tmp_path / "dev", {"kvm": "/dev/kvm"})
+
+
+@pytest.fixture
+def daemon(
+    kubelet_ns: Namespace, device_root: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[MakeDaemon]:
+    """``daemon(config=None, env=None, start=True)``: our daemon in the bench's namespace."""
+    made: list[DevicePluginDaemon] = []
+
+    def make(config: str | None = None, *, env: dict[str, str] | None = None, start: bool = True) -> DevicePluginDaemon:
+        d = DevicePluginDaemon(device_root, tmp_path / f"daemon{len(made)}", ns=kubelet_ns, config=config, env=env)
+        made.append(d)
+        return d.start() if start else d
+
+    try:
+        yield make
+    finally:
+        for d in made:
+            d.close()
+            if _failed(request):
+                print(f"----- {d.log_path} -----\n{d.log_text()[-6000:]}")

@@ -1,0 +1,60 @@
+"""/healthz and /readyz as the kubelet's probes see them."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from prometheus_client import CollectorRegistry
+
+from ate_devplugin.httpserver import LOOP_DEADLINE_S, HttpServer
+from harness.daemon import MakeDaemon, wait_until
+from harness.kubelet import KubeletBench
+
+KVM = "ate.dev/kvm"
+
+
+def test_readyz_follows_registration_and_the_kubelet(kubelet: KubeletBench, daemon: MakeDaemon) -> None:
+    kubelet.stop()  # no kubelet yet
+    d = daemon()
+    status, body = d.get("/readyz")
+    assert status == 503
+    assert b"ate.dev/kvm" in body
+    kubelet.start()
+    wait_until(d.ready, 30, "ready after registration")
+    kubelet.stop()
+    wait_until(lambda: not d.ready(), 30, "unready after the kubelet stopped")
+    assert d.metric("ate_devplugin_registered", resource_name=KVM) == 0
+    kubelet.start()
+    wait_until(d.ready, 30, "ready again")
+    assert d.get("/healthz")[0] == 200
+    assert d.get("/nope")[0] == 404
+
+
+def get(port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_healthz_fails_while_the_event_loop_is_wedged() -> None:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    server = HttpServer("127.0.0.1", 0, CollectorRegistry(), loop, lambda: (True, "ok"))
+    server.start()
+    try:
+        assert get(server.port, "/healthz") == 200
+        loop.call_soon_threadsafe(time.sleep, LOOP_DEADLINE_S + 2)  # wedge the loop
+        time.sleep(0.1)
+        assert get(server.port, "/healthz") == 503
+        assert get(server.port, "/metrics") == 200  # metrics do not need the loop
+        wait_until(lambda: get(server.port, "/healthz") == 200, 30, "healthz after the loop recovered")
+    finally:
+        server.close()
+        loop.call_soon_threadsafe(loop.stop)
