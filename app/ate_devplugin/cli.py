@@ -92,6 +92,8 @@ async def serve(settings: Settings, resources: tuple[ResourceConfig, ...]) -> No
     http.start()
     log.info("listening for metrics and probes", extra={"address": f"{settings.metrics_host}:{http.port}"})
     stop = asyncio.Event()
+    # A parent may have left these blocked (the mask is inherited); we must hear them.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     running = asyncio.create_task(daemon.run(stop), name="daemon")

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what the demo and the tests need on a fresh machine, then builds the Go peers.
+#   tools/setup.sh demo    Python package + the kubelet bench
+#   tools/setup.sh test    everything: + Debian tools, helm, the image's base
+# Idempotent: installed packages and up-to-date builds are skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-test}
+
+apt_packages=(util-linux)
+if [ "$what" = test ]; then
+  # prometheus (server + promtool) for the metrics, alert and dashboard tests; buildah,
+  # podman and debootstrap to build and run the image without a Docker engine.
+  apt_packages+=(prometheus buildah podman debootstrap uidmap fuse-overlayfs)
+fi
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: apt-get install ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -e ".[dev]"
+
+tools/build-kubelet-bench.sh
+if [ "$what" = test ]; then
+  tools/build-helm.sh
+fi
