@@ -198,8 +198,7 @@ class Daemon:
         self._watcher.start()
         for resource in self.resources:
             self._add(resource)
-        self._rediscover()
-        self._rewatch()
+        self._refresh()
         log.info(
             "started",
             extra={
@@ -240,7 +239,7 @@ class Daemon:
         kubelet = self.settings.kubelet_socket
         config = str(self.settings.config) if self.settings.config else None
         config_dir = os.path.dirname(config) if config else None
-        reload = False
+        reload = dir_appeared = False
         for event in batch:
             target = event.dest_path if event.kind == "moved" else event.path
             if event.kind in ("created", "moved") and target == kubelet:
@@ -249,12 +248,23 @@ class Daemon:
                 for agent in self.agents.values():
                     if event.path == agent.server.socket_path:
                         agent.wake()  # the agent checks whether its socket is really gone
+            dir_appeared = dir_appeared or (event.is_directory and event.kind in ("created", "moved"))
             if config_dir and any(os.path.dirname(p) == config_dir for p in event.paths()):
                 reload = True
         if reload:
             await self._reload()
-        self._rediscover()
+        if dir_appeared:
+            # Perhaps the plugin directory: agents that could not serve try again now.
+            for agent in self.agents.values():
+                if not agent.server.socket_intact():
+                    agent.wake()
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """Arms watches first, then reads the state, so nothing falls between the two."""
         self._rewatch()
+        self._rediscover()
+        self._check_kubelet()
 
     def _check_kubelet(self) -> None:
         """Notices a new kubelet by its socket's identity: a restart, seen once however told."""
