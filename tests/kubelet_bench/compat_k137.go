@@ -1,0 +1,39 @@
+//go:build k8s137
+
+// API shims for k8s.io/kubernetes 1.37.x: NewManagerImpl, GetCapacity,
+// UpdateAllocatedDevices and GetAllocatableDevices take a klog.Logger, and
+// Allocate takes a context plus the admission operation.
+
+package main
+
+import (
+	"context"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
+	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
+	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
+)
+
+const builtFor = "1.37"
+
+func newManager(logger klog.Logger) (*devicemanager.ManagerImpl, error) {
+	return devicemanager.NewManagerImpl(logger, nil, topologymanager.NewFakeManager(logger))
+}
+
+func allocate(ctx context.Context, m *devicemanager.ManagerImpl, pod *v1.Pod, c *v1.Container) error {
+	return m.Allocate(ctx, pod, c, lifecycle.AddOperation)
+}
+
+func getCapacity(logger klog.Logger, m *devicemanager.ManagerImpl) (v1.ResourceList, v1.ResourceList, []string) {
+	return m.GetCapacity(logger)
+}
+
+func updateAllocatedDevices(logger klog.Logger, m *devicemanager.ManagerImpl) {
+	m.UpdateAllocatedDevices(logger)
+}
+
+func allocatableDevices(logger klog.Logger, m *devicemanager.ManagerImpl) devicemanager.ResourceDeviceInstances {
+	return m.GetAllocatableDevices(logger)
+}
