@@ -88,6 +88,8 @@ def parse_resources(text: str) -> tuple[ResourceConfig, ...]:
         where = f"line {mark.line + 1}" if mark is not None else "document"
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise ConfigError(where, f"invalid YAML: {problem}") from exc
+    except RecursionError as exc:
+        raise ConfigError("document", "invalid YAML: nested too deeply") from exc
     top = _mapping(doc, "config", required={"resources"}, optional=set())
     items = top["resources"]
     if not isinstance(items, list) or not items:

@@ -18,12 +18,25 @@ class ServeError(Exception):
     pass
 
 
+def socket_identity(path: str) -> tuple[int, int, int] | None:
+    """Tells one socket file from a later one of the same name, or None when absent.
+
+    The change time is part of it: some filesystems (ext4) give a socket bound again
+    right after an unlink the same inode number.
+    """
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
 class PluginServer:
     def __init__(self, socket_path: str, servicer: DevicePluginServicer) -> None:
         self.socket_path = socket_path
         self.servicer = servicer
         self._server: grpc.aio.Server | None = None
-        self._inode: tuple[int, int] | None = None
+        self._identity: tuple[int, int, int] | None = None
 
     async def start(self) -> None:
         # A socket left by an earlier instance (killed before it could clean up) would
@@ -35,29 +48,22 @@ class PluginServer:
         try:
             server.add_insecure_port(f"unix:{self.socket_path}")
             await server.start()
-            st = os.stat(self.socket_path)
         except Exception as exc:
             await server.stop(None)
             raise ServeError(f"cannot serve on {self.socket_path}: {exc}") from exc
         self._server = server
-        self._inode = (st.st_dev, st.st_ino)
+        self._identity = socket_identity(self.socket_path)
 
     def socket_intact(self) -> bool:
         """Whether the socket file on disk is still the one this server created."""
-        if self._inode is None:
-            return False
-        try:
-            st = os.stat(self.socket_path)
-        except OSError:
-            return False
-        return (st.st_dev, st.st_ino) == self._inode
+        return self._identity is not None and socket_identity(self.socket_path) == self._identity
 
     async def stop(self, grace: float | None) -> None:
         server, self._server = self._server, None
         if server is None:
             return
         intact = self.socket_intact()
-        self._inode = None
+        self._identity = None
         await server.stop(grace)
         if intact:
             with contextlib.suppress(FileNotFoundError):

@@ -21,7 +21,7 @@ from ate_devplugin.devices import Discovery, discover, watch_dirs
 from ate_devplugin.inventory import HEALTHY, UNHEALTHY, ResourceState
 from ate_devplugin.metrics import Metrics
 from ate_devplugin.registration import Backoff, RegistrationError, register
-from ate_devplugin.server import PluginServer, ServeError
+from ate_devplugin.server import PluginServer, ServeError, socket_identity
 from ate_devplugin.servicer import DevicePluginServicer
 from ate_devplugin.settings import Settings
 from ate_devplugin.tracing import Tracing
@@ -181,8 +181,8 @@ class Daemon:
         self.agents: dict[str, ResourceAgent] = {}
         self._events: asyncio.Queue[FsEvent] = asyncio.Queue()
         self._watcher: Watcher | None = None
-        # Identity (device, inode) of the kubelet socket we last saw, to tell restarts.
-        self._kubelet = _identity(settings.kubelet_socket)
+        # Identity of the kubelet socket we last saw, to tell restarts.
+        self._kubelet = socket_identity(settings.kubelet_socket)
 
     def readiness(self) -> tuple[bool, str]:
         """Ready when every resource whose devices are present is registered and streaming."""
@@ -268,7 +268,7 @@ class Daemon:
 
     def _check_kubelet(self) -> None:
         """Notices a new kubelet by its socket's identity: a restart, seen once however told."""
-        current = _identity(self.settings.kubelet_socket)
+        current = socket_identity(self.settings.kubelet_socket)
         if current is None or current == self._kubelet:
             return
         restarted, self._kubelet = self._kubelet is not None, current
@@ -350,11 +350,3 @@ class Daemon:
         self.resources = resources
         self.metrics.config_reloads.labels("success").inc()
         log.info("config reloaded", extra={"resources": list(wanted)})
-
-
-def _identity(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino)
