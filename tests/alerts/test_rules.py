@@ -1,0 +1,151 @@
+"""The alert rules in chart/files/alerts.yaml: valid, unit-tested with promtool for every
+alert (fires and stays quiet), written to convention with a runbook section each, and
+healthy when a real Prometheus evaluates them against the daemon's real series."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from harness.monitoring import RulesScenario
+
+REPO = Path(__file__).resolve().parents[2]
+RULES = REPO / "chart" / "files" / "alerts.yaml"
+TESTS = Path(__file__).resolve().parent / "alerts_test.yaml"
+RUNBOOK = REPO / "docs" / "runbook.md"
+RUNBOOK_URL = "https://github.com/ate-dev/ate-devplugin/blob/main/docs/runbook.md#"
+SEVERITIES = {"critical", "warning", "info"}
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    doc = yaml.safe_load(RULES.read_text())
+    return [rule for group in doc["groups"] for rule in group["rules"] if "alert" in rule]
+
+
+def unit_tests() -> list[dict[str, Any]]:
+    doc = yaml.safe_load(TESTS.read_text())
+    return [case for test in doc["tests"] for case in test.get("alert_rule_test", [])]
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading."""
+    slug = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return slug.replace(" ", "-")
+
+
+# --- promtool ----------------------------------------------------------------------------
+
+
+def test_promtool_check_rules(promtool: str) -> None:
+    out = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"SUCCESS: {len(alert_rules())} rules found" in out.stdout + out.stderr
+
+
+def test_promtool_unit_tests(promtool: str) -> None:
+    # promtool resolves rule_files relative to the test file, so this runs from anywhere.
+    out = subprocess.run([promtool, "test", "rules", str(TESTS)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS" in out.stdout + out.stderr
+
+
+def test_every_alert_has_a_firing_and_a_quiet_test() -> None:
+    names = {r["alert"] for r in alert_rules()}
+    cases = unit_tests()
+    tested = {c["alertname"] for c in cases}
+    assert tested <= names, f"tests for alerts that do not exist: {sorted(tested - names)}"
+    fires = {c["alertname"] for c in cases if c.get("exp_alerts")}
+    quiet = {c["alertname"] for c in cases if not c.get("exp_alerts")}
+    assert not names - fires, f"alerts without a test where they fire: {sorted(names - fires)}"
+    assert not names - quiet, f"alerts without a test where they stay quiet: {sorted(names - quiet)}"
+
+
+# --- conventions ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rule", alert_rules(), ids=lambda r: r["alert"])
+def test_alert_conventions(rule: dict[str, Any]) -> None:
+    assert re.fullmatch(r"AteDevplugin[A-Z][A-Za-z]+", rule["alert"]), "CamelCase with the AteDevplugin prefix"
+    assert rule["labels"]["severity"] in SEVERITIES
+    notes = rule["annotations"]
+    assert set(notes) == {"summary", "description", "runbook_url"}
+    assert "{{" not in notes["summary"], "the summary is static: it groups alerts in notifications"
+    assert "{{" in notes["description"], "the description says which node / resource, from labels"
+    assert notes["runbook_url"] == RUNBOOK_URL + rule["alert"].lower()
+
+
+def test_names_are_unique() -> None:
+    names = [r["alert"] for r in alert_rules()]
+    assert len(names) == len(set(names))
+
+
+def test_runbook_has_one_section_per_alert() -> None:
+    headings = re.findall(r"^## (.+)$", RUNBOOK.read_text(), flags=re.MULTILINE)
+    alert_sections = {h.strip() for h in headings if h.startswith("AteDevplugin")}
+    names = {r["alert"] for r in alert_rules()}
+    assert alert_sections == names, "one '## <AlertName>' section per alert, and none for removed alerts"
+    anchors = {github_anchor(h) for h in headings}
+    for rule in alert_rules():
+        assert rule["annotations"]["runbook_url"].split("#", 1)[1] in anchors
+
+
+# --- a real Prometheus evaluating the rules ---------------------------------------------
+
+
+def alert_states(live: RulesScenario) -> dict[str, list[dict[str, Any]]]:
+    states: dict[str, list[dict[str, Any]]] = {}
+    for alert in live.prometheus.alerts():
+        states.setdefault(alert["labels"]["alertname"], []).append(alert)
+    return states
+
+
+def wait_for_alert(live: RulesScenario, name: str, state: str, timeout: float = 120.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [a for a in alert_states(live).get(name, []) if a["state"] == state]
+        if found:
+            return found[0]
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{name} not {state} after {timeout}s: {alert_states(live)}")
+        time.sleep(0.5)
+
+
+def test_rules_are_healthy_on_real_series(live_rules: RulesScenario) -> None:
+    rules = live_rules.prometheus.wait_for_rules_evaluated()
+    assert {r["name"] for r in rules} == {r["alert"] for r in alert_rules()}
+    unhealthy = [(r["name"], r["health"], r.get("lastError")) for r in rules if r["health"] != "ok"]
+    assert not unhealthy
+
+
+def test_alerts_match_the_real_label_sets(live_rules: RulesScenario) -> None:
+    """What the daemon's real series make of the rules: a refused Allocate and a rejected
+    reload fire at once, an unregistered present device waits out its 10 minutes, the
+    rest stay inactive; then a stopped daemon starts the Down alert's 5 minutes."""
+    errors = wait_for_alert(live_rules, "AteDevpluginAllocateErrors", "firing")
+    assert errors["labels"]["node"] == "node-a"
+    assert errors["labels"]["code"] == "INVALID_ARGUMENT"
+    assert "INVALID_ARGUMENT" in errors["annotations"]["description"]
+    reload = wait_for_alert(live_rules, "AteDevpluginConfigReloadFailing", "firing")
+    assert reload["labels"]["node"] == "node-a"
+    assert reload["labels"]["pod"] == "ate-devplugin-node-a"
+    pending = wait_for_alert(live_rules, "AteDevpluginNotRegistered", "pending")
+    assert pending["labels"]["resource_name"] == "ate.dev/kvm"
+    assert "node-a" in pending["annotations"]["description"]
+    quiet = {
+        "AteDevpluginDown",
+        "AteDevpluginMetricsAbsent",
+        "AteDevpluginDevicesUnhealthy",
+        "AteDevpluginAllocateSlow",
+    }
+    assert not quiet & set(alert_states(live_rules)), alert_states(live_rules)
+
+    assert live_rules.node.daemon.stop() == 0
+    down = wait_for_alert(live_rules, "AteDevpluginDown", "pending")
+    assert down["labels"]["node"] == "node-a"
+    assert down["labels"]["job"] == "ate-devplugin"

@@ -1,0 +1,33 @@
+"""Fixtures for the dashboard tests: the fleet scenario scraped by a real Prometheus.
+
+``fleet`` (module scope) runs tests/harness/monitoring.py's scenario: two daemons, the
+kubelet bench (or the stand-in when the bench is not built), one Prometheus with the
+project's alert rules. It needs Debian's ``prometheus`` and CAP_MKNOD (root); without them
+the test is skipped locally and fails under CI=true.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from harness.monitoring import FleetScenario, can_make_device_nodes, fleet_scenario
+from harness.prometheus import binary_missing
+
+
+def require_live_stack() -> None:
+    why = binary_missing("prometheus") or (None if can_make_device_nodes() else "cannot mknod a device node (root?)")
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetScenario]:
+    require_live_stack()
+    with fleet_scenario(tmp_path_factory.mktemp("fleet")) as scenario:
+        print(f"fleet scenario driven by the {scenario.driver_kind}")
+        yield scenario
