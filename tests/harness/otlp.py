@@ -81,7 +81,9 @@ class OtlpReceiver:
     def __init__(self) -> None:
         self._store = _Store()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_Receiver(self._store), self._server)
+        # The generated registration function is unannotated.
+        add = trace_service_pb2_grpc.add_TraceServiceServicer_to_server
+        add(_Receiver(self._store), self._server)  # type: ignore[no-untyped-call]
         self.port = self._server.add_insecure_port("127.0.0.1:0")
         self.endpoint = f"http://127.0.0.1:{self.port}"
 
