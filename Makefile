@@ -7,7 +7,7 @@ demo: setup-demo
 	$(PYTHON) tools/demo.py
 
 test: setup-test lint
-	KUBELET_BENCH_REQUIRED=1 $(PYTHON) -m pytest -p no:cacheprovider
+	KUBELET_BENCH_REQUIRED=1 CHART_TOOLS_REQUIRED=1 IMAGE_TOOLS_REQUIRED=1 $(PYTHON) -m pytest -p no:cacheprovider
 
 lint:
 	ruff check .

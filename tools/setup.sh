@@ -11,7 +11,7 @@ apt_packages=(util-linux)
 if [ "$what" = test ]; then
   # prometheus (server + promtool) for the metrics, alert and dashboard tests; buildah,
   # podman and debootstrap to build and run the image without a Docker engine.
-  apt_packages+=(prometheus buildah podman debootstrap uidmap fuse-overlayfs)
+  apt_packages+=(prometheus buildah podman debootstrap)
 fi
 missing=()
 for p in "${apt_packages[@]}"; do
@@ -28,5 +28,6 @@ python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore 
 
 tools/build-kubelet-bench.sh
 if [ "$what" = test ]; then
-  tools/build-helm.sh
+  # Chart and image tools: kubernetes-validate, hadolint, jsonschema, checkov (own venv), helm v3 and v4.
+  tools/install-test-tools.sh --no-apt
 fi

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -103,16 +104,19 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             self._responses[health] = response
         return response
 
-    def _check_ids(self, ids: list[str], what: str) -> None:
-        unknown = [i for i in ids if i not in self.state.known_ids]
+    def _check_ids(self, ids: Sequence[str], what: str) -> set[str]:
+        """The IDs as a set, once every one is a unit of this resource, listed once."""
+        unique = set(ids)
+        unknown = unique.difference(self.state.known_ids)
         if unknown:
-            shown = ", ".join(repr(i) for i in unknown[:3]) + (" ..." if len(unknown) > 3 else "")
+            shown = ", ".join(repr(i) for i in sorted(unknown)[:3]) + (" ..." if len(unknown) > 3 else "")
             raise RequestError(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"{what}: {len(unknown)} device ID(s) not of resource {self.resource}: {shown}",
             )
-        if len(set(ids)) != len(ids):
+        if len(unique) != len(ids):
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: a device ID is listed twice")
+        return unique
 
     def _allocate(self, request: pb.AllocateRequest) -> pb.AllocateResponse:
         if not request.container_requests:
@@ -121,7 +125,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         for n, creq in enumerate(request.container_requests):
             if not creq.devices_ids:
                 raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"container request {n}: no device IDs")
-            self._check_ids(list(creq.devices_ids), f"container request {n}")
+            self._check_ids(creq.devices_ids, f"container request {n}")
         if state.health != HEALTHY:
             raise RequestError(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -145,9 +149,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     def _preferred(self, request: pb.PreferredAllocationRequest) -> pb.PreferredAllocationResponse:
         responses = []
         for n, creq in enumerate(request.container_requests):
-            available = list(creq.available_deviceIDs)
+            available = self._check_ids(creq.available_deviceIDs, f"container request {n} available")
             must = list(creq.must_include_deviceIDs)
-            self._check_ids(available, f"container request {n} available")
             self._check_ids(must, f"container request {n} must_include")
             size = creq.allocation_size
             if size < 0 or size > len(available):
@@ -158,8 +161,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             # Units are interchangeable; prefer the lowest-numbered, so allocations
             # read predictably in the kubelet's checkpoint.
             chosen = must[:size]
-            rest = sorted(set(available) - set(must), key=_unit_number)
-            chosen += rest[: size - len(chosen)]
+            rest = available.difference(must)
+            chosen += itertools.islice((u for u in self.state.unit_ids if u in rest), size - len(chosen))
             responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=chosen))
         return pb.PreferredAllocationResponse(container_responses=responses)
 
@@ -195,7 +198,3 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         if code is not grpc.StatusCode.OK:
             await context.abort(code, message)
         return response
-
-
-def _unit_number(unit_id: str) -> int:
-    return int(unit_id.rsplit("-", 1)[1])

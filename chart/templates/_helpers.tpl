@@ -1,0 +1,231 @@
+{{/*
+Chart name, truncated to 63 characters (the DNS label limit).
+*/}}
+{{- define "ate-devplugin.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+Full name of the release's objects, truncated to 63 characters. The release
+name alone is used when it already contains the chart name.
+*/}}
+{{- define "ate-devplugin.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+A name made of the full name and a suffix, still at most 63 characters: the
+full name is shortened, never the suffix.
+Usage: include "ate-devplugin.suffixed" (list . "dashboard-fleet")
+*/}}
+{{- define "ate-devplugin.suffixed" -}}
+{{- $ctx := index . 0 -}}
+{{- $suffix := regexReplaceAll "[^a-z0-9-]+" (index . 1 | lower) "-" | trimAll "-" | trunc 40 | trimSuffix "-" -}}
+{{- $base := include "ate-devplugin.fullname" $ctx | trunc (int (sub 62 (len $suffix))) | trimSuffix "-" -}}
+{{- printf "%s-%s" $base $suffix -}}
+{{- end -}}
+
+{{/*
+Namespace of every object.
+*/}}
+{{- define "ate-devplugin.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+Chart label value: name-version, "+" replaced (not allowed in label values).
+*/}}
+{{- define "ate-devplugin.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+Selector labels: stable for the life of the release (a DaemonSet's selector
+cannot change).
+*/}}
+{{- define "ate-devplugin.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "ate-devplugin.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/*
+Standard labels on every object.
+*/}}
+{{- define "ate-devplugin.labels" -}}
+helm.sh/chart: {{ include "ate-devplugin.chart" . }}
+{{ include "ate-devplugin.selectorLabels" . }}
+app.kubernetes.io/version: {{ include "ate-devplugin.imageTag" . | trunc 63 | trimSuffix "-" | quote }}
+app.kubernetes.io/component: device-plugin
+app.kubernetes.io/part-of: ate-devplugin
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+Name of the ServiceAccount.
+*/}}
+{{- define "ate-devplugin.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "ate-devplugin.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Image tag: the value, or the chart's appVersion.
+*/}}
+{{- define "ate-devplugin.imageTag" -}}
+{{- default .Chart.AppVersion .Values.image.tag -}}
+{{- end -}}
+
+{{/*
+Full image reference: [registry/]repository[:tag][@digest].
+*/}}
+{{- define "ate-devplugin.image" -}}
+{{- $repo := .Values.image.repository -}}
+{{- if .Values.image.registry -}}
+{{- $repo = printf "%s/%s" .Values.image.registry $repo -}}
+{{- end -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" $repo .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repo (include "ate-devplugin.imageTag" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Name of the ConfigMap holding config.yaml.
+*/}}
+{{- define "ate-devplugin.configMapName" -}}
+{{- default (include "ate-devplugin.fullname" .) .Values.deviceConfig.existingConfigMap -}}
+{{- end -}}
+
+{{/*
+The daemon's configuration file, rendered from values.
+*/}}
+{{- define "ate-devplugin.configYaml" -}}
+resources:
+{{- range .Values.deviceConfig.resources }}
+  - name: {{ .name | quote }}
+    devices:
+    {{- range .devices }}
+      - {{ . | quote }}
+    {{- end }}
+    {{- if hasKey . "units" }}
+    units: {{ .units | int64 }}
+    {{- end }}
+    {{- if hasKey . "permissions" }}
+    permissions: {{ .permissions | quote }}
+    {{- end }}
+    {{- with .mounts }}
+    mounts:
+    {{- range . }}
+      - container_path: {{ .container_path | quote }}
+        host_path: {{ .host_path | quote }}
+        {{- if hasKey . "read_only" }}
+        read_only: {{ .read_only }}
+        {{- end }}
+    {{- end }}
+    {{- end }}
+    {{- with .env }}
+    env:
+    {{- range $k, $v := . }}
+      {{ $k | quote }}: {{ $v | toString | quote }}
+    {{- end }}
+    {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
+--metrics-address value: HOST:PORT, IPv6 hosts in brackets.
+*/}}
+{{- define "ate-devplugin.metricsAddress" -}}
+{{- $host := .Values.metrics.bindAddress -}}
+{{- if contains ":" $host -}}
+{{- printf "[%s]:%d" (trimAll "[]" $host) (int .Values.metrics.port) -}}
+{{- else -}}
+{{- printf "%s:%d" $host (int .Values.metrics.port) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Whether a monitoring.coreos.com/v1 kind may be rendered: its API is known to
+helm (a live cluster, or `helm template --api-versions monitoring.coreos.com/v1/KIND`)
+or forceMonitoringApi is set. Returns "true" or "".
+Usage: include "ate-devplugin.monitoringApi" (list . "ServiceMonitor")
+*/}}
+{{- define "ate-devplugin.monitoringApi" -}}
+{{- $ctx := index . 0 -}}
+{{- $kind := index . 1 -}}
+{{- if or $ctx.Values.forceMonitoringApi ($ctx.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" $kind)) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/*
+The `node` label every scrape gets, from the pod's node name.
+*/}}
+{{- define "ate-devplugin.nodeRelabeling" -}}
+- sourceLabels: [__meta_kubernetes_pod_node_name]
+  targetLabel: node
+  action: replace
+{{- end -}}
+
+{{/*
+OTEL_RESOURCE_ATTRIBUTES: k8s.* from the downward API (the $(VAR) references
+are expanded by the kubelet from the env vars defined before it), then the
+extra attributes from values, sorted by key.
+*/}}
+{{- define "ate-devplugin.otelResourceAttributes" -}}
+{{- $attrs := list
+  "k8s.node.name=$(K8S_NODE_NAME)"
+  "k8s.pod.name=$(K8S_POD_NAME)"
+  "k8s.pod.uid=$(K8S_POD_UID)"
+  "k8s.namespace.name=$(K8S_NAMESPACE_NAME)"
+  (printf "k8s.daemonset.name=%s" (include "ate-devplugin.fullname" .))
+  "k8s.container.name=ate-devplugin" -}}
+{{- range $k := keys .Values.tracing.resourceAttributes | sortAlpha -}}
+{{- $attrs = append $attrs (printf "%s=%v" $k (index $.Values.tracing.resourceAttributes $k)) -}}
+{{- end -}}
+{{- join "," $attrs -}}
+{{- end -}}
+
+{{/*
+checkov findings that do not apply to this workload, each with its reason,
+as checkov.io/skipN annotations (see chart/README.md "Security").
+*/}}
+{{- define "ate-devplugin.checkovSkips" -}}
+{{- $skips := list
+  "CKV_K8S_23=The kubelet's device-plugin socket directory belongs to root and is writable by its owner only; the daemon must create its sockets there; it runs as UID 0 but with every capability dropped, no privilege escalation, a read-only root filesystem and RuntimeDefault seccomp"
+  "CKV_K8S_40=Same reason as CKV_K8S_23: UID 0 is required to write to the root-owned kubelet socket directory; a high UID cannot create the socket. No capabilities are kept"
+-}}
+{{- if not .Values.image.digest -}}
+{{- $skips = append $skips "CKV_K8S_43=The chart cannot know the digest of the image you build; set image.digest to pin it (this skip then disappears)" -}}
+{{- if ne .Values.image.pullPolicy "Always" -}}
+{{- $skips = append $skips "CKV_K8S_15=A node-critical daemon must restart without the registry (node reboot during a registry outage); pinning image.digest is the supported way to guarantee the image (this skip then disappears)" -}}
+{{- end -}}
+{{- end -}}
+{{- if not (dig "limits" "cpu" "" .Values.resources) -}}
+{{- $skips = append $skips "CKV_K8S_11=No CPU limit by default: Allocate runs on the pod start path and CFS throttling would delay pod admission; the daemon is idle otherwise (set resources.limits.cpu to add one; this skip then disappears)" -}}
+{{- end -}}
+{{- if not .Values.networkPolicy.enabled -}}
+{{- $skips = append $skips "CKV2_K8S_6=networkPolicy.enabled is false: the operator chose to manage network policy for this namespace outside the chart" -}}
+{{- end -}}
+{{- $lines := list -}}
+{{- range $i, $skip := $skips -}}
+{{- $lines = append $lines (printf "checkov.io/skip%d: %s" (add1 $i) ($skip | quote)) -}}
+{{- end -}}
+{{- join "\n" $lines -}}
+{{- end -}}

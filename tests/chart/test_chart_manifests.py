@@ -1,0 +1,281 @@
+"""Every rendered object against the real schemas: the Kubernetes API of each supported
+version (kubernetes-validate, strict), the prometheus-operator CRDs (monitoring.coreos.com/v1)
+for ServiceMonitor, PodMonitor and PrometheusRule; the DaemonSet's security settings; checkov
+on the rendered manifests (every skip justified in the chart); the consumer example pod."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from harness.chart import CI_VALUES, REPO, Helm, Manifest, by_kind, one, supported_k8s_versions
+
+K8S_VERSIONS = supported_k8s_versions()
+EXAMPLE_POD = REPO / "docs" / "examples" / "kvm-consumer-pod.yaml"
+
+# checkov checks the chart skips, and when. Adding one here is a review decision: the
+# reason lives in templates/_helpers.tpl ("ate-devplugin.checkovSkips").
+ALWAYS_SKIPPED = {"CKV_K8S_23", "CKV_K8S_40"}  # UID 0 (root-owned kubelet socket directory)
+SKIPPED_WITHOUT_DIGEST = {"CKV_K8S_43", "CKV_K8S_15"}
+SKIPPED_WITHOUT_NETWORK_POLICY = {"CKV2_K8S_6"}
+
+
+def test_kubernetes_versions_cover_135_and_later() -> None:
+    assert K8S_VERSIONS[0].startswith("1.35."), K8S_VERSIONS
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_objects_valid_for_kubernetes(
+    any_helm: Helm, ci_values: Path, version: str, k8s_validate: Callable[[Manifest, str], None]
+) -> None:
+    docs = any_helm.template([ci_values])
+    checked = 0
+    for doc in docs:
+        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            # Their metadata is still a Kubernetes ObjectMeta: check it on a ConfigMap.
+            doc = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": doc["metadata"]}
+        k8s_validate(doc, version)
+        checked += 1
+    assert checked == len(docs)
+
+
+def test_monitoring_objects_valid_for_crds(helm: Helm, ci_values: Path, monitoring_schemas: dict[str, Any]) -> None:
+    for doc in helm.template([ci_values]):
+        if doc["apiVersion"] != "monitoring.coreos.com/v1":
+            continue
+        jsonschema.Draft7Validator(monitoring_schemas[doc["kind"]]).validate(doc)
+
+
+def test_ci_files_render_every_monitoring_kind(any_helm: Helm) -> None:
+    kinds = {d["kind"] for path in CI_VALUES for d in any_helm.template([path])}
+    assert {"ServiceMonitor", "PodMonitor", "PrometheusRule", "NetworkPolicy", "Service"} <= kinds
+
+
+def test_crd_schema_catches_typos(any_helm: Helm, monitoring_schemas: dict[str, Any]) -> None:
+    """The strict CRD schema is not vacuous: a misspelt field is refused."""
+    docs = any_helm.template(sets=["forceMonitoringApi=true", "serviceMonitor.enabled=true"])
+    sm = one(docs, "ServiceMonitor")
+    sm["spec"]["endpoints"][0]["relabellings"] = sm["spec"]["endpoints"][0].pop("relabelings")
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft7Validator(monitoring_schemas["ServiceMonitor"]).validate(sm)
+
+
+# --- the DaemonSet's security --------------------------------------------------------------
+
+
+def _container(ds: Manifest) -> Manifest:
+    (container,) = ds["spec"]["template"]["spec"]["containers"]
+    result: Manifest = container
+    return result
+
+
+def test_daemonset_security(helm: Helm, ci_values: Path) -> None:
+    docs = helm.template([ci_values])
+    ds = one(docs, "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    c = _container(ds)
+    sc = c["securityContext"]
+
+    assert sc.get("privileged", False) is False
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert not sc["capabilities"].get("add")
+    assert sc["runAsUser"] == 0, "UID 0: the kubelet's socket directory is root-owned"
+    seccomp = sc.get("seccompProfile") or pod["securityContext"].get("seccompProfile")
+    assert seccomp == {"type": "RuntimeDefault"}
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+
+    assert pod["hostNetwork"] is False
+    assert pod["hostPID"] is False
+    assert pod["hostIPC"] is False
+    assert pod["automountServiceAccountToken"] is False
+    assert not c.get("ports", [{}])[0].get("hostPort")
+
+    # Exactly two host paths: the socket directory (rw) and /dev (ro, as the device root).
+    host_paths = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
+    assert set(host_paths) == {"device-plugins", "host-dev"}
+    assert host_paths["host-dev"]["path"] == "/dev"
+    assert host_paths["device-plugins"]["path"].endswith("/device-plugins")
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["host-dev"]["mountPath"] == "/host/dev"
+    assert mounts["host-dev"]["readOnly"] is True
+    assert not mounts["device-plugins"].get("readOnly")
+    assert mounts["device-plugins"]["mountPath"] == host_paths["device-plugins"]["path"]
+    assert mounts["config"]["readOnly"] is True
+    assert "subPath" not in mounts["config"], "a subPath mount never sees ConfigMap updates"
+    assert c["args"][0] == "run"
+    assert "--device-root=/host/dev" in c["args"]
+    assert f"--plugin-dir={host_paths['device-plugins']['path']}" in c["args"]
+    assert "--config=/etc/ate-devplugin/config.yaml" in c["args"]
+
+    strategy = ds["spec"]["updateStrategy"]
+    if strategy["type"] == "RollingUpdate":
+        assert strategy["rollingUpdate"]["maxSurge"] == 0
+        assert strategy["rollingUpdate"]["maxUnavailable"] == 1
+
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert c["resources"]["requests"]
+    assert c["resources"]["limits"]
+
+    for sa in by_kind(docs, "ServiceAccount"):
+        assert sa["automountServiceAccountToken"] is False
+
+
+def test_daemonset_defaults(any_helm: Helm) -> None:
+    ds = one(any_helm.template(), "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    c = _container(ds)
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert {"operator": "Exists"} in pod["tolerations"], "must run on every node, tainted ones too"
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+    }
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9477, "protocol": "TCP"}]
+    assert "--metrics-address=0.0.0.0:9477" in c["args"]
+    assert c["image"] == "ate-devplugin:0.1.0"
+
+
+def test_downward_api_and_otel_env(helm: Helm, ci_values: Path) -> None:
+    c = _container(one(helm.template([ci_values]), "DaemonSet"))
+    env = {e["name"]: e for e in c["env"]}
+    assert env["K8S_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["K8S_POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["K8S_NAMESPACE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    names = [e["name"] for e in c["env"]]
+    attrs = dict(kv.split("=", 1) for kv in env["OTEL_RESOURCE_ATTRIBUTES"]["value"].split(","))
+    for attr, var in (
+        ("k8s.node.name", "K8S_NODE_NAME"),
+        ("k8s.pod.name", "K8S_POD_NAME"),
+        ("k8s.namespace.name", "K8S_NAMESPACE_NAME"),
+    ):
+        assert attrs[attr] == f"$({var})"
+        # $(VAR) is expanded only from variables defined earlier in the list.
+        assert names.index(var) < names.index("OTEL_RESOURCE_ATTRIBUTES")
+    assert env["OTEL_SERVICE_NAME"]["value"]
+    if "OTEL_EXPORTER_OTLP_ENDPOINT" in env:
+        assert "OTEL_SDK_DISABLED" not in env
+    else:
+        assert env["OTEL_SDK_DISABLED"]["value"] == "true"
+
+
+def test_config_change_rolls_pods(any_helm: Helm, write_values: Callable[[str], Path]) -> None:
+    def checksum(values: str) -> str | None:
+        ds = one(any_helm.template([write_values(values)]), "DaemonSet")
+        annotations = ds["spec"]["template"]["metadata"].get("annotations") or {}
+        value: str | None = annotations.get("checksum/config")
+        return value
+
+    base = checksum("{}")
+    assert base
+    assert checksum("deviceConfig: {resources: [{name: ate.dev/kvm, devices: [/dev/kvm], units: 10}]}") not in {
+        None,
+        base,
+    }
+    assert checksum("daemon: {logLevel: debug}") == base
+    assert checksum("deviceConfig: {restartOnChange: false}") is None
+
+
+def _config_maps(docs: list[Manifest]) -> list[Manifest]:
+    """The ConfigMaps holding the daemon's config (not the dashboards)."""
+    return [d for d in by_kind(docs, "ConfigMap") if "config.yaml" in d.get("data", {})]
+
+
+def test_config_map_holds_the_daemon_config(helm: Helm) -> None:
+    (cm,) = _config_maps(helm.template())
+    config = yaml.safe_load(cm["data"]["config.yaml"])
+    kvm = {"name": "ate.dev/kvm", "devices": ["/dev/kvm"], "units": 4096, "permissions": "rw"}
+    assert config == {"resources": [kvm]}
+
+
+def test_existing_config_map_is_used(any_helm: Helm) -> None:
+    docs = any_helm.template(sets=["deviceConfig.existingConfigMap=site-config"])
+    assert not _config_maps(docs)
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    (config,) = [v for v in pod["volumes"] if v["name"] == "config"]
+    assert config["configMap"]["name"] == "site-config"
+
+
+# --- checkov --------------------------------------------------------------------------------
+
+
+def _expected_skips(values: dict[str, Any]) -> set[str]:
+    skips = set(ALWAYS_SKIPPED)
+    image = values.get("image", {})
+    if not image.get("digest"):
+        skips.add("CKV_K8S_43")
+        if image.get("pullPolicy", "IfNotPresent") != "Always":
+            skips.add("CKV_K8S_15")
+    if not values.get("resources", {}).get("limits", {}).get("cpu"):
+        skips.add("CKV_K8S_11")
+    if values.get("networkPolicy", {}).get("enabled") is False:
+        skips |= SKIPPED_WITHOUT_NETWORK_POLICY
+    return skips
+
+
+def test_checkov_passes(
+    any_helm: Helm, ci_values: Path, tmp_path: Path, checkov: Callable[[Path], dict[str, Any]]
+) -> None:
+    (tmp_path / "rendered.yaml").write_text(any_helm.template_text([ci_values]))
+    report = checkov(tmp_path)
+    results = report["results"]
+    failed = [f"{c['check_id']} {c['check_name']} ({c['resource']})" for c in results["failed_checks"]]
+    assert not failed, "checkov findings:\n" + "\n".join(failed)
+    assert not results["parsing_errors"]
+    assert report["summary"]["passed"] > 50, "checkov ran suspiciously few checks"
+
+    skipped = {c["check_id"]: c["check_result"].get("suppress_comment", "") for c in results["skipped_checks"]}
+    values = yaml.safe_load(ci_values.read_text()) or {}
+    assert set(skipped) == _expected_skips(values)
+    for check_id, reason in skipped.items():
+        assert len(reason) >= 40, f"{check_id} is skipped without a real reason: {reason!r}"
+
+
+# --- the consumer example pod ----------------------------------------------------------------
+
+
+def _example_pod() -> Manifest:
+    pod: Manifest = yaml.safe_load(EXAMPLE_POD.read_text())
+    return pod
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_example_pod_valid(version: str, k8s_validate: Callable[[Manifest, str], None]) -> None:
+    k8s_validate(_example_pod(), version)
+
+
+def test_example_pod_gets_only_its_device_unprivileged() -> None:
+    pod = _example_pod()
+    spec = pod["spec"]
+    (c,) = spec["containers"]
+    assert c["resources"]["limits"]["ate.dev/kvm"] == 1
+    assert c["securityContext"].get("privileged", False) is False
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert not any("hostPath" in v for v in spec.get("volumes", []))
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not spec.get(key)
+    assert "/dev/kvm" in " ".join(c["command"])
+
+
+def test_example_pod_passes_checkov(tmp_path: Path, checkov: Callable[[Path], dict[str, Any]]) -> None:
+    (tmp_path / EXAMPLE_POD.name).write_text(EXAMPLE_POD.read_text())
+    results = checkov(tmp_path)["results"]
+    assert not results["failed_checks"], [c["check_id"] for c in results["failed_checks"]]
+    for c in results["skipped_checks"]:
+        assert len(c["check_result"].get("suppress_comment", "")) >= 40, c["check_id"]
+
+
+def test_chart_readme_shows_the_example_pod() -> None:
+    readme = (REPO / "chart" / "README.md").read_text()
+    assert "ate.dev/kvm: 1" in readme
+    assert re.search(r"docs/examples/kvm-consumer-pod\.yaml", readme)

@@ -1,0 +1,119 @@
+"""Constants and helpers shared by the chart tests (fixtures are in conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "chart"
+CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
+HELM_MAJORS = ("v3", "v4")
+NAMESPACE = "ate-system"
+RELEASE = "ate"
+
+# The only version of the module the proxy serves here; its CRDs are monitoring.coreos.com/v1.
+PROMETHEUS_OPERATOR_MODULE = "github.com/prometheus-operator/prometheus-operator"
+PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
+MONITORING_KINDS = {
+    "ServiceMonitor": "monitoring.coreos.com_servicemonitors.yaml",
+    "PodMonitor": "monitoring.coreos.com_podmonitors.yaml",
+    "PrometheusRule": "monitoring.coreos.com_prometheusrules.yaml",
+}
+
+Manifest = dict[str, Any]
+
+
+def missing_tool(what: str, install: str) -> NoReturn:
+    """Skip (locally) or fail (CHART_TOOLS_REQUIRED=1) for a tool that is not installed."""
+    message = f"{what} not found; install with: {install}"
+    if os.environ.get("CHART_TOOLS_REQUIRED") == "1":
+        pytest.fail(message + " (CHART_TOOLS_REQUIRED=1)")
+    pytest.skip(message)
+
+
+def helm_path(major: str) -> Path | None:
+    env = os.environ.get(f"HELM_{major.upper()}")
+    candidate = Path(env) if env else REPO / "build" / "bin" / f"helm-{major}"
+    return candidate if candidate.is_file() and os.access(candidate, os.X_OK) else None
+
+
+class HelmError(Exception):
+    """helm exited non-zero; the message is its stderr."""
+
+
+@dataclass
+class Helm:
+    """One real helm binary, with a cache of renders (they are pure functions of their inputs)."""
+
+    major: str
+    path: Path
+    _cache: dict[tuple[str, ...], str] = field(default_factory=dict)
+
+    def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        env = {
+            **os.environ,
+            # Keep helm away from the user's config, caches and any cluster.
+            "HELM_CACHE_HOME": str(REPO / "build" / "helm-home" / "cache"),
+            "HELM_CONFIG_HOME": str(REPO / "build" / "helm-home" / "config"),
+            "HELM_DATA_HOME": str(REPO / "build" / "helm-home" / "data"),
+            "KUBECONFIG": os.devnull,
+        }
+        return subprocess.run(
+            [str(self.path), *args], capture_output=True, text=True, timeout=timeout, env=env, check=False
+        )
+
+    def template_text(
+        self,
+        values: Sequence[Path] = (),
+        sets: Sequence[str] = (),
+        api_versions: Sequence[str] = (),
+        release: str = RELEASE,
+        namespace: str = NAMESPACE,
+        chart: Path = CHART,
+    ) -> str:
+        args = ["template", release, str(chart), "--namespace", namespace]
+        for v in values:
+            args += ["--values", str(v)]
+        for s in sets:
+            args += ["--set", s]
+        for a in api_versions:
+            args += ["--api-versions", a]
+        key = tuple(args)
+        if key not in self._cache:
+            out = self.run(*args)
+            if out.returncode != 0:
+                raise HelmError(out.stderr.strip())
+            self._cache[key] = out.stdout
+        return self._cache[key]
+
+    def template(self, *args: Any, **kwargs: Any) -> list[Manifest]:
+        docs = yaml.safe_load_all(self.template_text(*args, **kwargs))
+        return [d for d in docs if d]
+
+
+def by_kind(docs: list[Manifest], kind: str) -> list[Manifest]:
+    return [d for d in docs if d.get("kind") == kind]
+
+
+def one(docs: list[Manifest], kind: str) -> Manifest:
+    found = by_kind(docs, kind)
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def supported_k8s_versions() -> list[str]:
+    """Kubernetes versions 1.35 and later that the installed kubernetes-validate knows."""
+    try:
+        from kubernetes_validate.utils import all_versions  # type: ignore[import-untyped]  # no py.typed
+    except ImportError:
+        return ["1.35.0"]  # the test then skips through the k8s_validate fixture
+    found = sorted({v for v in all_versions() if tuple(int(p) for p in v.split(".")[:2]) >= (1, 35)})
+    return found or ["1.35.0"]

@@ -1,0 +1,45 @@
+"""Helpers shared by the image tests (fixtures are in conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+# One tag per test session, so that two runs side by side never remove each other's image.
+TEST_IMAGE = f"localhost/ate-devplugin:test-{os.getpid()}"
+STORAGE = ["--storage-driver", "vfs"]
+
+
+def missing_tool(what: str, install: str) -> NoReturn:
+    message = f"{what} not found; install with: {install}"
+    if os.environ.get("IMAGE_TOOLS_REQUIRED") == "1":
+        pytest.fail(message + " (IMAGE_TOOLS_REQUIRED=1)")
+    pytest.skip(message)
+
+
+def buildah(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run(["buildah", *STORAGE, *args], capture_output=True, text=True, timeout=timeout, check=False)
+    if check and out.returncode != 0:
+        raise AssertionError(f"buildah {' '.join(args)} failed ({out.returncode}): {out.stderr.strip()}")
+    return out
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    name: str
+    config: dict[str, Any]  # buildah inspect's OCIv1 image config
+    build_seconds: float
+
+
+@dataclass(frozen=True)
+class WorkingContainer:
+    """A buildah working container of the image, and its root filesystem on the host."""
+
+    name: str
+    root: Path

@@ -1,0 +1,289 @@
+"""The container image: hadolint-clean Dockerfile; built with buildah; OCI labels, entrypoint,
+no compilers or pip, bytecode precompiled; the daemon inside starts and answers /metrics,
+both under `buildah run` with every capability dropped and in a chroot whose root filesystem
+is read-only, as UID 0 without any capability and with no_new_privs, as the chart runs it."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import tomllib
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.devices import make_device_root
+from harness.image import REPO, BuiltImage, WorkingContainer, buildah
+
+DOCKERFILE = REPO / "Dockerfile"
+COMPILERS_AND_INSTALLERS = ("gcc", "cc", "c++", "g++", "clang", "ld", "as", "make", "pip", "pip3", "apt-get")
+
+
+def _project_version() -> str:
+    version: str = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    return version
+
+
+# --- Dockerfile -----------------------------------------------------------------------------
+
+
+def test_hadolint_clean(hadolint: str) -> None:
+    out = subprocess.run([hadolint, str(DOCKERFILE)], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip() == ""
+
+
+def test_every_hadolint_ignore_has_a_reason() -> None:
+    lines = DOCKERFILE.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if "hadolint ignore=" in line:
+            assert i > 0, "an ignore needs a reason on the line above"
+            assert lines[i - 1].startswith("#"), f"no reason above line {i + 1}: {line}"
+            assert len(lines[i - 1]) > 30, f"no reason above line {i + 1}: {line}"
+
+
+def test_dockerfile_is_multi_stage_from_the_local_base() -> None:
+    text = DOCKERFILE.read_text()
+    assert "ARG BASE_IMAGE=docker.io/library/debian:bookworm-slim" in text
+    assert len(re.findall(r"^FROM ", text, flags=re.MULTILINE)) >= 2
+    assert 'ENTRYPOINT ["ate-devplugin"]' in text
+
+
+# --- the built image ------------------------------------------------------------------------
+
+
+def test_image_config(image: BuiltImage) -> None:
+    config = image.config["config"]
+    assert config["Entrypoint"] == ["ate-devplugin"]
+    assert config["Cmd"] == ["run"]
+    assert config.get("User", "") in {"", "0", "root"}, "the daemon needs UID 0 for the kubelet's socket directory"
+    assert "9477/tcp" in config.get("ExposedPorts", {})
+    assert config.get("StopSignal") == "SIGTERM"
+    env = dict(e.split("=", 1) for e in config["Env"])
+    assert env["PYTHONDONTWRITEBYTECODE"] == "1"
+    assert env["PATH"].startswith("/opt/ate-devplugin/bin:")
+    labels = config["Labels"]
+    assert labels["org.opencontainers.image.title"] == "ate-devplugin"
+    assert labels["org.opencontainers.image.version"] == _project_version()
+    assert labels["org.opencontainers.image.base.name"] == "docker.io/library/debian:bookworm-slim"
+    license_ = tomllib.loads((REPO / "pyproject.toml").read_text())["project"].get("license")
+    if isinstance(license_, str):
+        assert labels["org.opencontainers.image.licenses"] == license_
+    for key in ("description", "revision", "created"):
+        assert labels[f"org.opencontainers.image.{key}"], key
+
+
+def test_image_is_small_and_has_no_toolchain(image: BuiltImage, container: WorkingContainer) -> None:
+    size = sum(
+        (Path(d) / f).lstat().st_size for d, _, files in os.walk(container.root) for f in files
+    )  # fmt: skip
+    # Debian slim (~75 MB) + python3 (~30 MB) + the daemon's wheels (grpcio, protobuf, OTel).
+    assert size < 300 * 1024 * 1024, f"image root filesystem is {size / 2**20:.0f} MiB"
+    for bindir in ("usr/bin", "usr/local/bin", "usr/sbin", "opt/ate-devplugin/bin"):
+        for name in COMPILERS_AND_INSTALLERS:
+            if name == "apt-get" and bindir == "usr/bin":
+                continue  # part of the Debian base itself
+            assert not (container.root / bindir / name).exists(), f"/{bindir}/{name} in the final image"
+    assert not list((container.root / "var/lib/apt/lists").glob("*_Packages")), "apt lists left in the image"
+    assert not list((container.root / "var/cache/apt/archives").glob("*.deb"))
+
+
+def test_bytecode_precompiled(container: WorkingContainer) -> None:
+    """Every module of the venv has its .pyc next to it (the root filesystem is read-only at
+    run time, nothing could be cached then), hash-based so that file times do not matter."""
+    (site,) = (container.root / "opt/ate-devplugin/lib").glob("python3.*/site-packages")
+    missing: list[str] = []
+    checked = 0
+    for py in site.rglob("*.py"):
+        pyc = py.parent / "__pycache__" / f"{py.stem}.cpython-311.pyc"
+        if not pyc.is_file():
+            missing.append(str(py.relative_to(site)))
+            continue
+        flags = int.from_bytes(pyc.read_bytes()[4:8], "little")
+        assert flags & 0b1, f"{pyc.relative_to(site)} is timestamp-based"
+        checked += 1
+    assert not missing, f"{len(missing)} modules without bytecode, e.g. {missing[:5]}"
+    assert (site / "ate_devplugin" / "__pycache__").is_dir()
+    assert checked > 100
+
+
+def test_version_command(container: WorkingContainer) -> None:
+    out = buildah("run", "--isolation", "chroot", container.name, "--", "ate-devplugin", "version", timeout=120)
+    assert _project_version() in out.stdout
+
+
+# --- the daemon running from the image -------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _wait_for_metrics(port: int, proc: subprocess.Popen[str], timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"daemon exited with {proc.returncode}:\n{out}\n{err}")
+        try:
+            status, body = _get(f"http://127.0.0.1:{port}/metrics")
+            if status == 200:
+                return body
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"no /metrics on 127.0.0.1:{port} within {timeout}s")
+
+
+def _daemon_pid(port: int) -> int:
+    """The daemon's host PID, found by its unique metrics address on the command line."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(b"python" in part for part in cmdline[:1]) and f"--metrics-address=127.0.0.1:{port}".encode() in cmdline:
+            return int(entry.name)
+    raise AssertionError("daemon process not found")
+
+
+@pytest.fixture
+def host_dirs(tmp_path: Path) -> dict[str, Path]:
+    """What the chart mounts: the kubelet's socket directory, the host's /dev (here a device
+    root with a real kvm character node) and the config directory."""
+    plugins = tmp_path / "device-plugins"
+    plugins.mkdir()
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "config.yaml").write_text(
+        "resources:\n  - name: ate.dev/kvm\n    devices: [/dev/kvm]\n    units: 16\n    permissions: rw\n"
+    )
+    return {"plugins": plugins, "dev": make_device_root(tmp_path / "dev", {"kvm": "/dev/kvm"}), "config": config}
+
+
+def _daemon_args(port: int) -> list[str]:
+    # The same arguments the chart's DaemonSet passes.
+    return [
+        "ate-devplugin", "run",
+        "--config=/etc/ate-devplugin/config.yaml",
+        "--device-root=/host/dev",
+        "--plugin-dir=/var/lib/kubelet/device-plugins",
+        f"--metrics-address=127.0.0.1:{port}",
+        "--log-format=json",
+        "--log-level=info",
+    ]  # fmt: skip
+
+
+def _check_running_daemon(port: int, proc: subprocess.Popen[str], stop: Callable[[], None]) -> str:
+    body = _wait_for_metrics(port, proc)
+    assert re.search(r'^ate_devplugin_build_info\{.*version="' + re.escape(_project_version()), body, re.MULTILINE)
+    assert 'ate_devplugin_device_nodes_present{resource_name="ate.dev/kvm"} 1.0' in body
+    assert _get(f"http://127.0.0.1:{port}/healthz")[0] == 200
+    status = Path(f"/proc/{_daemon_pid(port)}/status").read_text()
+    stop()
+    start = time.monotonic()
+    out, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, f"exit {proc.returncode} after SIGTERM:\n{out}\n{err}"
+    assert time.monotonic() - start < 7, "did not stop within 5 s of SIGTERM"
+    return status
+
+
+@pytest.fixture
+def reap() -> Iterator[list[subprocess.Popen[str]]]:
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+def test_daemon_in_buildah_run_without_capabilities(
+    container: WorkingContainer, host_dirs: dict[str, Path], reap: list[subprocess.Popen[str]]
+) -> None:
+    port = _free_port()
+    proc = subprocess.Popen(
+        ["buildah", "--storage-driver", "vfs", "run", "--isolation", "chroot", "--network", "host",
+         "--cap-drop", "ALL",
+         "-v", f"{host_dirs['plugins']}:/var/lib/kubelet/device-plugins",
+         "-v", f"{host_dirs['dev']}:/host/dev:ro",
+         "-v", f"{host_dirs['config']}:/etc/ate-devplugin:ro",
+         container.name, "--", *_daemon_args(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    reap.append(proc)
+
+    def stop() -> None:
+        # SIGTERM to the daemon itself, as the runtime does (buildah run would SIGKILL it).
+        os.kill(_daemon_pid(port), signal.SIGTERM)
+
+    status = _check_running_daemon(port, proc, stop)
+    assert re.search(r"^CapEff:\s+0+$", status, re.MULTILINE), status
+    assert not list(host_dirs["plugins"].iterdir()), "sockets left behind after SIGTERM"
+
+
+def test_daemon_with_read_only_root_as_the_chart_runs_it(
+    image: BuiltImage, container: WorkingContainer, host_dirs: dict[str, Path], reap: list[subprocess.Popen[str]]
+) -> None:
+    """The chart's securityContext, reproduced without a container runtime: a private mount
+    and PID namespace, the image's root filesystem bound read-only, a tmpfs /tmp, the host
+    paths where the DaemonSet mounts them, then the daemon as PID 1 and UID 0 with an empty
+    capability bounding set and no_new_privs (what allowPrivilegeEscalation=false sets)."""
+    if shutil.which("unshare") is None or not (container.root / "usr/bin/setpriv").exists():
+        pytest.skip("needs unshare on the host and setpriv (util-linux) in the image")
+    root = container.root
+    for mountpoint in ("var/lib/kubelet/device-plugins", "host/dev", "etc/ate-devplugin"):
+        (root / mountpoint).mkdir(parents=True, exist_ok=True)
+    env = ["env", "-i", *image.config["config"]["Env"]]
+    port = _free_port()
+    script = f"""
+        set -e
+        mount --make-rprivate /
+        mount --bind {root} {root}
+        mount -o remount,bind,ro {root}
+        mount -t tmpfs -o size=16m,mode=1777 tmpfs {root}/tmp
+        mount --bind {host_dirs["plugins"]} {root}/var/lib/kubelet/device-plugins
+        mount --bind {host_dirs["dev"]} {root}/host/dev
+        mount -o remount,bind,ro {root}/host/dev
+        mount --bind {host_dirs["config"]} {root}/etc/ate-devplugin
+        mount -o remount,bind,ro {root}/etc/ate-devplugin
+        mount -t proc proc {root}/proc
+        exec chroot {root} /usr/bin/setpriv --no-new-privs --inh-caps=-all --ambient-caps=-all \\
+            --bounding-set=-all -- {" ".join(env)} {" ".join(_daemon_args(port))}
+    """
+    proc = subprocess.Popen(
+        ["unshare", "--mount", "--pid", "--fork", "--kill-child", "sh", "-c", script],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    reap.append(proc)
+
+    def stop() -> None:
+        os.kill(_daemon_pid(port), signal.SIGTERM)
+
+    status = _check_running_daemon(port, proc, stop)
+    assert re.search(r"^CapEff:\s+0+$", status, re.MULTILINE), status
+    assert re.search(r"^CapBnd:\s+0+$", status, re.MULTILINE), status
+    assert re.search(r"^NoNewPrivs:\s+1$", status, re.MULTILINE), status
+    assert re.search(r"^Uid:\s+0\s", status, re.MULTILINE), status
+    assert not list(host_dirs["plugins"].iterdir()), "sockets left behind after SIGTERM"
