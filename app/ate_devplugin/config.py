@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,8 +62,10 @@ class ResourceConfig:
     def socket_name(self) -> str:
         return "ate-" + re.sub(r"[/.]", "-", self.name) + ".sock"
 
-    def unit_ids(self) -> list[str]:
-        return [f"{self.id_prefix}-{n}" for n in range(self.units)]
+    def unit_ids(self) -> Iterator[str]:
+        """The unit IDs in order, made on demand: a resource may have many."""
+        prefix = self.id_prefix
+        return (f"{prefix}-{n}" for n in range(self.units))
 
 
 DEFAULT_RESOURCES = (ResourceConfig(name="ate.dev/kvm", devices=("/dev/kvm",)),)

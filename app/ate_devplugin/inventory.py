@@ -21,8 +21,7 @@ UNHEALTHY = "Unhealthy"
 class ResourceState:
     def __init__(self, config: ResourceConfig) -> None:
         self.config = config
-        self.unit_ids = config.unit_ids()
-        self.known_ids = frozenset(self.unit_ids)
+        self.known_ids = frozenset(config.unit_ids())
         self.discovery = Discovery(nodes=(), complete=False)
         self.ever_present = False
         self.registered = False

@@ -5,10 +5,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Callable
+from typing import Any
 
 import grpc
+from google.protobuf.message_factory import GetMessageClass
 
-from ate_devplugin.api.v1beta1 import api_pb2_grpc
+from ate_devplugin.api.v1beta1 import api_pb2 as pb
 from ate_devplugin.servicer import DevicePluginServicer
 
 log = logging.getLogger(__name__)
@@ -16,6 +19,26 @@ log = logging.getLogger(__name__)
 
 class ServeError(Exception):
     pass
+
+
+def device_plugin_handler(servicer: DevicePluginServicer) -> grpc.GenericRpcHandler[Any, Any]:
+    """The DevicePlugin service, method by method as the proto declares it.
+
+    ListAndWatch answers are sent as the servicer encoded them: one shared, immutable
+    copy per device list instead of a message object per stream and update.
+    """
+    service = pb.DESCRIPTOR.services_by_name["DevicePlugin"]
+    handlers = {}
+    for method in service.methods:
+        request = GetMessageClass(method.input_type)
+        serialize: Callable[[Any], bytes] = GetMessageClass(method.output_type).SerializeToString
+        make = grpc.unary_unary_rpc_method_handler
+        if method.server_streaming:
+            make, serialize = grpc.unary_stream_rpc_method_handler, bytes
+        handlers[method.name] = make(
+            getattr(servicer, method.name), request_deserializer=request.FromString, response_serializer=serialize
+        )
+    return grpc.method_handlers_generic_handler(service.full_name, handlers)
 
 
 def socket_identity(path: str) -> tuple[int, int, int] | None:
@@ -44,7 +67,7 @@ class PluginServer:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
         server = grpc.aio.server()
-        api_pb2_grpc.add_DevicePluginServicer_to_server(self.servicer, server)  # type: ignore[no-untyped-call]  # generated code is unannotated
+        server.add_generic_rpc_handlers([device_plugin_handler(self.servicer)])
         try:
             server.add_insecure_port(f"unix:{self.socket_path}")
             await server.start()

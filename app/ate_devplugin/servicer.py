@@ -12,7 +12,6 @@ import grpc
 from opentelemetry.trace import SpanKind, Tracer
 
 from ate_devplugin.api.v1beta1 import api_pb2 as pb
-from ate_devplugin.api.v1beta1 import api_pb2_grpc
 from ate_devplugin.inventory import HEALTHY, ResourceState
 from ate_devplugin.metrics import Metrics
 from ate_devplugin.tracing import rpc_span, set_rpc_status, trace_id_exemplar
@@ -36,13 +35,15 @@ class RequestError(Exception):
         self.code = code
 
 
-class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
+class DevicePluginServicer:
+    """The answers of one resource's DevicePlugin service (registered by server.py)."""
+
     def __init__(self, state: ResourceState, metrics: Metrics, tracer: Tracer) -> None:
         self.state = state
         self.metrics = metrics
         self.tracer = tracer
         self.resource = state.config.name
-        self._responses: dict[str, pb.ListAndWatchResponse] = {}
+        self._encoded: dict[str, bytes] = {}
 
     async def GetDevicePluginOptions(self, request: pb.Empty, context: Context) -> pb.DevicePluginOptions:
         return await self._unary("GetDevicePluginOptions", request, context, self._options)
@@ -61,7 +62,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     ) -> pb.PreStartContainerResponse:
         return await self._unary("PreStartContainer", request, context, lambda _: pb.PreStartContainerResponse())
 
-    async def ListAndWatch(self, request: pb.Empty, context: Context) -> AsyncIterator[pb.ListAndWatchResponse]:
+    async def ListAndWatch(self, request: pb.Empty, context: Context) -> AsyncIterator[bytes]:
+        """Encoded ListAndWatchResponse messages: the full list now and after every change."""
         state = self.state
         state.stream_opened()
         self.metrics.list_and_watch_streams.labels(self.resource).inc()
@@ -79,7 +81,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                         "rpc.service": SERVICE,
                         "rpc.method": "ListAndWatch",
                         "ate_devplugin.resource_name": self.resource,
-                        "ate_devplugin.units": len(response.devices),
+                        "ate_devplugin.units": state.config.units,
                         "ate_devplugin.health": state.health,
                     },
                 ):
@@ -96,13 +98,16 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
     def _options(self, _: pb.Empty) -> pb.DevicePluginOptions:
         return OPTIONS
 
-    def _device_list(self, health: str) -> pb.ListAndWatchResponse:
-        """The full unit list in one health; built once per health, then reused."""
-        response = self._responses.get(health)
-        if response is None:
-            response = pb.ListAndWatchResponse(devices=[pb.Device(ID=i, health=health) for i in self.state.unit_ids])
-            self._responses[health] = response
-        return response
+    def _device_list(self, health: str) -> bytes:
+        """The full unit list in one health, encoded once and shared by every stream."""
+        encoded = self._encoded.get(health)
+        if encoded is None:
+            units = self.state.config.unit_ids()
+            encoded = pb.ListAndWatchResponse(
+                devices=[pb.Device(ID=i, health=health) for i in units]
+            ).SerializeToString()
+            self._encoded[health] = encoded
+        return encoded
 
     def _check_ids(self, ids: Sequence[str], what: str) -> set[str]:
         """The IDs as a set, once every one is a unit of this resource, listed once."""
@@ -162,7 +167,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             # read predictably in the kubelet's checkpoint.
             chosen = must[:size]
             rest = available.difference(must)
-            chosen += itertools.islice((u for u in self.state.unit_ids if u in rest), size - len(chosen))
+            chosen += itertools.islice((u for u in self.state.config.unit_ids() if u in rest), size - len(chosen))
             responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=chosen))
         return pb.PreferredAllocationResponse(container_responses=responses)
 

@@ -12,7 +12,7 @@ def test_minimal_resource_gets_defaults() -> None:
     (r,) = parse_resources(MINIMAL)
     assert (r.name, r.devices, r.units, r.permissions) == ("ate.dev/kvm", ("/dev/kvm",), DEFAULT_UNITS, "rw")
     assert r.socket_name == "ate-ate-dev-kvm.sock"
-    assert r.unit_ids()[:2] == ["kvm-0", "kvm-1"]
+    assert list(r.unit_ids())[:2] == ["kvm-0", "kvm-1"]
 
 
 def test_full_resource() -> None:

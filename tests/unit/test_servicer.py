@@ -150,7 +150,7 @@ async def test_pre_start_container_answers_empty(plugin: Plugin) -> None:
 async def test_list_and_watch_sends_full_set_on_connect_and_on_change(plugin: Plugin) -> None:
     stream = plugin.stub.ListAndWatch(pb.Empty())
     first = await stream.read()
-    assert [d.ID for d in first.devices] == RESOURCE.unit_ids()
+    assert [d.ID for d in first.devices] == list(RESOURCE.unit_ids())
     assert {d.health for d in first.devices} == {"Healthy"}
     assert plugin.state.streams == 1
     plugin.state.update(Discovery(nodes=(), complete=False))
