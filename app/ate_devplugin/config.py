@@ -32,9 +32,20 @@ class ConfigError(ValueError):
     """A configuration value is wrong; ``str()`` is one line naming field and problem."""
 
     def __init__(self, field_name: str, problem: str) -> None:
-        super().__init__(f"{field_name}: {problem}")
-        self.field_name = field_name
-        self.problem = problem
+        # Names and values come from the file: escape what would break the one line.
+        self.field_name = _printable(field_name)
+        self.problem = _printable(problem)
+        super().__init__(f"{self.field_name}: {self.problem}")
+
+
+def _printable(text: str) -> str:
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
+def _key(where: str, key: Any) -> str:
+    """The field name of a mapping key; one that is not plain text is quoted."""
+    shown = key if isinstance(key, str) and key.isprintable() and key.strip() == key else repr(key)
+    return f"{where}.{shown}" if where != "config" else shown
 
 
 @dataclass(frozen=True)
@@ -152,9 +163,9 @@ def _check_resource_name(name: str, where: str) -> None:
     prefix, _, part = ("requests." + name).partition("/")
     if "/" in part:
         raise ConfigError(where, f"{name!r} has more than one '/'")
-    if len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix):
+    if len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix):
         raise ConfigError(where, f"{name!r}: domain must be a lower-case DNS subdomain")
-    if len(part) > 63 or not _QUALIFIED_NAME_PART.match(part):
+    if len(part) > 63 or not _QUALIFIED_NAME_PART.fullmatch(part):
         raise ConfigError(
             where, f"{name!r}: name part must be 1-63 characters of [A-Za-z0-9-_.], alphanumeric at both ends"
         )
@@ -210,10 +221,10 @@ def _env(raw: Any, where: str) -> dict[str, str]:
         raise ConfigError(where, "must be a mapping of variable names to strings")
     env: dict[str, str] = {}
     for key, value in raw.items():
-        if not isinstance(key, str) or not _ENV_NAME.match(key):
-            raise ConfigError(f"{where}.{key}", "is not a valid environment variable name")
+        if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
+            raise ConfigError(_key(where, key), "is not a valid environment variable name")
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise ConfigError(f"{where}.{key}", f"must be a string (got {value!r})")
+            raise ConfigError(_key(where, key), f"must be a string (got {value!r})")
         env[key] = str(value)
     return env
 
@@ -224,10 +235,10 @@ def _mapping(raw: Any, where: str, *, required: set[str], optional: set[str]) ->
     for key in raw:
         if key not in required | optional:
             known = ", ".join(sorted(required | optional))
-            raise ConfigError(f"{where}.{key}" if where != "config" else str(key), f"unknown key (known: {known})")
+            raise ConfigError(_key(where, key), f"unknown key (known: {known})")
     for key in sorted(required):
         if key not in raw:
-            raise ConfigError(f"{where}.{key}" if where != "config" else key, "is required")
+            raise ConfigError(_key(where, key), "is required")
     return raw
 
 

@@ -47,6 +47,14 @@ resources:
         ("resources: [{name: x.kubernetes.io/kvm, devices: [/dev/kvm]}]", "resources[0].name", "reserved"),
         ("resources: [{name: requests.ate.dev/kvm, devices: [/dev/kvm]}]", "resources[0].name", "requests."),
         ("resources: [{name: ATE.dev/kvm, devices: [/dev/kvm]}]", "resources[0].name", "DNS subdomain"),
+        # A trailing newline must not slip past the patterns.
+        ('resources: [{name: "ate.dev/kvm\\n", devices: [/dev/kvm]}]', "resources[0].name", "name part"),
+        ('resources: [{name: "ate.dev\\n/kvm", devices: [/dev/kvm]}]', "resources[0].name", "DNS subdomain"),
+        (
+            'resources: [{name: ate.dev/kvm, devices: [/dev/kvm], env: {"A\\n": x}}]',
+            "resources[0].env.'A\\n'",
+            "variable",
+        ),
         ("resources: [{name: ate.dev/-kvm, devices: [/dev/kvm]}]", "resources[0].name", "name part"),
         ("resources: [{name: ate.dev/a/b, devices: [/dev/kvm]}]", "resources[0].name", "more than one"),
         (f"resources: [{{name: ate.dev/{'k' * 64}, devices: [/dev/kvm]}}]", "resources[0].name", "1-63"),
