@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import grpc
 from prometheus_client import disable_created_metrics
 
 from ate_devplugin import __version__
@@ -85,6 +86,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 async def serve(settings: Settings, resources: tuple[ResourceConfig, ...]) -> None:
     loop = asyncio.get_running_loop()
+    # Hold gRPC's asyncio runtime for the whole run: when its last server goes, gRPC shuts
+    # its poller down from inside the loop, blocking it while a write to a peer that
+    # stopped reading is pending.
+    grpc.aio.init_grpc_aio()  # type: ignore[attr-defined]  # missing from grpc-stubs
     metrics = Metrics(revision=os.environ.get("ATE_DEVPLUGIN_REVISION", "unknown"))
     tracing = setup_tracing()
     daemon = Daemon(settings, resources, metrics, tracing)

@@ -85,11 +85,17 @@ DEFAULT_RESOURCES = (ResourceConfig(name="ate.dev/kvm", devices=("/dev/kvm",)),)
 def load_resources(path: Path) -> tuple[ResourceConfig, ...]:
     """Read and validate a config file; raises ConfigError on any problem."""
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as exc:
         raise ConfigError(str(path), f"cannot read: {exc.strerror or exc}") from exc
+    return decode_resources(data, str(path))
+
+
+def decode_resources(data: bytes, source: str = "config") -> tuple[ResourceConfig, ...]:
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(str(path), "is not UTF-8 text") from exc
+        raise ConfigError(source, "is not UTF-8 text") from exc
     return parse_resources(text)
 
 

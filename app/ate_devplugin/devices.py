@@ -142,23 +142,17 @@ def discover(resource: ResourceConfig, root: str) -> Discovery:
 def watch_dirs(resource: ResourceConfig, root: str) -> set[str]:
     """Directories under the root whose events can change this resource's discovery.
 
-    The deepest existing directory on each configured path, so that creating a
-    missing parent directory is seen too. Glob parts stop the descent: the directory
-    above the first glob part is watched.
+    Every existing directory from the root down each configured path, so that a parent
+    made or removed at any depth is seen. Glob parts stop the descent: the directory
+    above the first glob part is the deepest watched.
     """
-    dirs: set[str] = set()
+    dirs = {root}
     for path in resource.devices:
-        parent = PurePosixPath(path).parent
-        fixed: list[str] = []
-        for part in parent.relative_to(HOST_DEV).parts:
-            if is_glob(part):
-                break
-            fixed.append(part)
         current = root
-        for part in fixed:
+        for part in PurePosixPath(path).parent.relative_to(HOST_DEV).parts:
             nxt = os.path.join(current, part)
-            if not os.path.isdir(nxt) or os.path.islink(nxt):
+            if is_glob(part) or not os.path.isdir(nxt) or os.path.islink(nxt):
                 break
+            dirs.add(nxt)
             current = nxt
-        dirs.add(current)
     return dirs

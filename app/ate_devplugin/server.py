@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -15,6 +16,9 @@ from ate_devplugin.api.v1beta1 import api_pb2 as pb
 from ate_devplugin.servicer import DevicePluginServicer
 
 log = logging.getLogger(__name__)
+
+
+STOP_MARGIN_S = 0.5
 
 
 class ServeError(Exception):
@@ -62,13 +66,13 @@ class PluginServer:
         self._identity: tuple[int, int, int] | None = None
 
     async def start(self) -> None:
-        # A socket left by an earlier instance (killed before it could clean up) would
-        # make the bind fail; nobody else may own our socket's name.
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket_path)
         server = grpc.aio.server()
         server.add_generic_rpc_handlers([device_plugin_handler(self.servicer)])
         try:
+            # A socket left by an earlier instance (killed before it could clean up)
+            # would make the bind fail; nobody else may own our socket's name.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.socket_path)
             server.add_insecure_port(f"unix:{self.socket_path}")
             await server.start()
         except Exception as exc:
@@ -87,7 +91,17 @@ class PluginServer:
             return
         intact = self.socket_intact()
         self._identity = None
-        await server.stop(grace)
         if intact:
-            with contextlib.suppress(FileNotFoundError):
+            # First, so the kubelet sees the socket go and nobody new connects.
+            try:
                 os.unlink(self.socket_path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:  # e.g. the directory turned read-only
+                log.warning("cannot remove %s: %s", self.socket_path, exc)
+        try:
+            # A client that stopped reading keeps a write pending for ever, and gRPC then
+            # never completes its shutdown: stop waiting shortly after the grace period.
+            await asyncio.wait_for(server.stop(grace), (grace or 0.0) + STOP_MARGIN_S)
+        except TimeoutError:
+            log.warning("gRPC server on %s did not stop in time: a client is not reading", self.socket_path)

@@ -72,7 +72,8 @@ class DevicePluginServicer:
             while not state.closed:
                 seen = state.version
                 response = self._device_list(state.health)
-                with self.tracer.start_as_current_span(
+                # Not made current: the context would stay attached across the yield.
+                span = self.tracer.start_span(
                     f"{SERVICE}/ListAndWatch update",
                     context=state.change_context,
                     kind=SpanKind.SERVER,
@@ -84,8 +85,11 @@ class DevicePluginServicer:
                         "ate_devplugin.units": state.config.units,
                         "ate_devplugin.health": state.health,
                     },
-                ):
+                )
+                try:
                     yield response
+                finally:
+                    span.end()
                 self.metrics.list_and_watch_updates.labels(self.resource).inc()
                 await state.wait_for_change(seen)
         finally:
@@ -114,7 +118,7 @@ class DevicePluginServicer:
         unique = set(ids)
         unknown = unique.difference(self.state.known_ids)
         if unknown:
-            shown = ", ".join(repr(i) for i in sorted(unknown)[:3]) + (" ..." if len(unknown) > 3 else "")
+            shown = ", ".join(_short(i) for i in sorted(unknown)[:3]) + (" ..." if len(unknown) > 3 else "")
             raise RequestError(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"{what}: {len(unknown)} device ID(s) not of resource {self.resource}: {shown}",
@@ -203,3 +207,8 @@ class DevicePluginServicer:
         if code is not grpc.StatusCode.OK:
             await context.abort(code, message)
         return response
+
+
+def _short(device_id: str, limit: int = 64) -> str:
+    """An ID as an error may quote it: the client's input, bounded."""
+    return repr(device_id if len(device_id) <= limit else device_id[:limit] + "...")

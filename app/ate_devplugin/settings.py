@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ate_devplugin.config import DEFAULT_RESOURCES, ConfigError, ResourceConfig, load_resources
+from ate_devplugin.config import DEFAULT_RESOURCES, ConfigError, ResourceConfig, decode_resources, load_resources
 
 ENV_PREFIX = "ATE_DEVPLUGIN_"
 DEFAULTS = {
@@ -57,6 +57,14 @@ class Settings:
         self.check_resources(resources)
         return resources
 
+    def resources_from(self, data: bytes | None) -> tuple[ResourceConfig, ...]:
+        """The resources of config file content already read (None: it could not be read)."""
+        if data is None:
+            raise ConfigError(str(self.config), "cannot read")
+        resources = decode_resources(data)
+        self.check_resources(resources)
+        return resources
+
 
 def resolve(flags: Mapping[str, str | None], env: Mapping[str, str]) -> Settings:
     """Flags (None when not given) win over ATE_DEVPLUGIN_* variables, which win over defaults."""
@@ -78,7 +86,7 @@ def resolve(flags: Mapping[str, str | None], env: Mapping[str, str]) -> Settings
         raise ConfigError("log_level", f"must be one of {', '.join(LOG_LEVELS)} (got {log_level!r})")
     config = pick("config")
     return Settings(
-        config=Path(config) if config else None,
+        config=Path(config).absolute() if config else None,
         device_root=device_root,
         plugin_dir=plugin_dir,
         metrics_host=host,

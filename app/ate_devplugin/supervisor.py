@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 from opentelemetry import context
 from opentelemetry.trace import SpanKind
@@ -79,7 +80,8 @@ class ResourceAgent:
     async def stop(self) -> None:
         if self.task is not None:
             self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            # An agent that died has said so (_done); its error must not stop the others.
+            with contextlib.suppress(Exception, asyncio.CancelledError):
                 await self.task
 
     def _done(self, task: asyncio.Task[None]) -> None:
@@ -181,6 +183,8 @@ class Daemon:
         self.agents: dict[str, ResourceAgent] = {}
         self._events: asyncio.Queue[FsEvent] = asyncio.Queue()
         self._watcher: Watcher | None = None
+        # The config file's bytes last read: applied, or rejected and reported once.
+        self._config_data = _read(settings.config) if settings.config else None
         # Identity of the kubelet socket we last saw, to tell restarts.
         self._kubelet = socket_identity(settings.kubelet_socket)
 
@@ -248,6 +252,8 @@ class Daemon:
                 for agent in self.agents.values():
                     if event.path == agent.server.socket_path:
                         agent.wake()  # the agent checks whether its socket is really gone
+            if event.is_directory and event.kind in ("deleted", "moved"):
+                self._watcher_forget(event.path)
             dir_appeared = dir_appeared or (event.is_directory and event.kind in ("created", "moved"))
             if config_dir and any(os.path.dirname(p) == config_dir for p in event.paths()):
                 reload = True
@@ -259,6 +265,10 @@ class Daemon:
                 if not agent.server.socket_intact():
                     agent.wake()
         self._refresh()
+
+    def _watcher_forget(self, path: str) -> None:
+        assert self._watcher is not None
+        self._watcher.forget(path)
 
     def _refresh(self) -> None:
         """Arms watches first, then reads the state, so nothing falls between the two."""
@@ -333,8 +343,13 @@ class Daemon:
         self._watcher.watch(dirs)
 
     async def _reload(self) -> None:
+        assert self.settings.config is not None
+        data = _read(self.settings.config)
+        if data == self._config_data:
+            return  # unchanged, or the same rejected file seen again
+        self._config_data = data
         try:
-            resources = self.settings.load_resources()
+            resources = self.settings.resources_from(data)
         except ConfigError as exc:
             self.metrics.config_reloads.labels("failure").inc()
             log.error("config reload rejected, keeping the running config: %s", exc)
@@ -350,3 +365,10 @@ class Daemon:
         self.resources = resources
         self.metrics.config_reloads.labels("success").inc()
         log.info("config reloaded", extra={"resources": list(wanted)})
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None

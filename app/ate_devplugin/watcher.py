@@ -95,6 +95,16 @@ class Watcher:
                 continue
             self._watches[path] = (watch, found)
 
+    def forget(self, removed: str) -> None:
+        """Drops the watches of a removed directory and of everything below it.
+
+        A directory made again under the name may get the old inode number back (ext4),
+        so identity alone cannot tell the new one needs a watch of its own.
+        """
+        for path in [p for p in self._watches if p == removed or p.startswith(removed + "/")]:
+            watch, _ = self._watches.pop(path)
+            self._observer.unschedule(watch)
+
     @property
     def watched(self) -> set[str]:
         return set(self._watches)

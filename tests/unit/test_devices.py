@@ -79,7 +79,8 @@ def test_symlink_loop_is_ignored(tmp_path: Path) -> None:
     assert discover(res("/dev/a"), str(tmp_path)).nodes == ()
 
 
-def test_watch_dirs_are_deepest_existing_parents(tmp_path: Path) -> None:
+def test_watch_dirs_cover_every_existing_directory_down_each_path(tmp_path: Path) -> None:
     (tmp_path / "net").mkdir()
-    dirs = watch_dirs(res("/dev/kvm", "/dev/net/tun", "/dev/vfio/*", "/dev/dri/by-path/*"), str(tmp_path))
-    assert dirs == {str(tmp_path), str(tmp_path / "net")}
+    (tmp_path / "a/b").mkdir(parents=True)
+    resource = res("/dev/kvm", "/dev/net/tun", "/dev/vfio/*", "/dev/a/b/c/node", "/dev/a/*/x")
+    assert watch_dirs(resource, str(tmp_path)) == {str(tmp_path / p) for p in ("", "net", "a", "a/b")} | {str(tmp_path)}
