@@ -1,0 +1,56 @@
+"""Fixtures of the reliability tests (issue 6).
+
+* ``bare_ns``: a private mount namespace whose ``/var/lib`` is an empty tmpfs: no
+  ``/var/lib/kubelet`` at all, as on a node whose kubelet has not run yet.
+* ``spawn_daemon``: our daemon in any namespace, with any extra arguments, logs printed
+  when the test fails.
+
+Repeat counts come from :func:`harness.faults.soak` (``ATE_SOAK_SCALE``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.daemon import DevicePluginDaemon
+from harness.faults import SpawnDaemon
+from harness.kubelet import Namespace
+
+_failed_key = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    report = yield
+    if report.when == "call" and report.failed:
+        item.stash[_failed_key] = True
+    return report
+
+
+@pytest.fixture
+def bare_ns(kubelet_version: str) -> Iterator[Namespace]:
+    with Namespace(mkdirs=("/var/lib",)) as ns:
+        yield ns
+
+
+@pytest.fixture
+def spawn_daemon(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[SpawnDaemon]:
+    """``spawn_daemon(device_root, ns=..., config=None, env=None, args=(), start=True)``."""
+    made: list[DevicePluginDaemon] = []
+
+    def make(device_root: Path, *, start: bool = True, **kwargs: Any) -> DevicePluginDaemon:
+        d = DevicePluginDaemon(device_root, tmp_path / f"spawned{len(made)}", **kwargs)
+        made.append(d)
+        return d.start() if start else d
+
+    try:
+        yield make
+    finally:
+        for d in made:
+            d.close()
+            if request.node.stash.get(_failed_key, False):
+                print(f"----- {d.log_path} -----\n{d.log_text()[-6000:]}")
