@@ -1,0 +1,102 @@
+"""``python -m bench run [--quick]``: run the benchmark suite and write its reports.
+
+    python -m bench run              full run (about 10 minutes on 2 cores):
+                                     bench/results/<UTC time>-full.json,
+                                     docs/benchmarks.md and docs/benchmarks-latency.png
+    python -m bench run --quick      tiny sizes (under 2 minutes): bench/results/<time>-quick.json
+                                     plus bench/results/<time>-quick.md and .png
+    python -m bench report FILE.json [--markdown PATH]   rewrite the markdown from a result file
+
+Needs root (private mount namespaces), util-linux, and the kubelet bench binary
+(tools/build-kubelet-bench.sh, or KUBELET_BENCH_DIR pointing at a built one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shlex
+import signal
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench import machine, report
+from bench.suite import FULL, QUICK, run_suite
+from harness.kubelet import bench_binary, built_versions, missing_prerequisites
+
+REPO = Path(__file__).resolve().parents[1]
+
+log = logging.getLogger("bench")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the suite")
+    run.add_argument("--quick", action="store_true", help="tiny sizes, for CI (no timing claims)")
+    run.add_argument("--results-dir", type=Path, default=REPO / "bench" / "results")
+    run.add_argument("--markdown", type=Path, help="where the report goes (default: see above)")
+    run.add_argument("--kubelet", help="kubelet release of the bench (default: newest built)")
+    rep = sub.add_parser("report", help="write the markdown report of a result file")
+    rep.add_argument("result", type=Path)
+    rep.add_argument("--markdown", type=Path, default=REPO / "docs" / "benchmarks.md")
+    return parser
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    if args.command == "report":
+        saved = json.loads(args.result.read_text())
+        report.write(saved, args.markdown, result_path=args.result)
+        print(args.markdown)
+        return 0
+    why = missing_prerequisites()
+    if why:
+        print(f"bench: {why}", file=sys.stderr)
+        return 2
+    built = built_versions()
+    version = args.kubelet or (built[-1] if built else None)
+    if version is None or version not in built:
+        print("bench: no kubelet bench built: run tools/build-kubelet-bench.sh", file=sys.stderr)
+        return 2
+    sizes = QUICK if args.quick else FULL
+    mode = "quick" if args.quick else "full"
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    result_path = args.results_dir / f"{stamp}-{mode}.json"
+    markdown = args.markdown or (
+        args.results_dir / f"{stamp}-{mode}.md" if args.quick else REPO / "docs" / "benchmarks.md"
+    )
+    # SIGTERM unwinds like an exception, so every namespace and process gets cleaned up.
+    signal.signal(signal.SIGTERM, _terminate)
+    started = time.monotonic()
+    data: dict[str, Any] = {
+        "mode": mode,
+        "started_utc": stamp,
+        "command": "python -m bench " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
+        "kubelet_release": version,
+        "machine": machine.describe(bench_binary(version)),
+    }
+    data.update(run_suite(version, sizes))
+    data["duration_s"] = round(time.monotonic() - started, 1)
+    data["machine"]["loadavg_at_end"] = [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    # Daemons started later in the run read app/ from disk then: say if it moved meanwhile.
+    data["machine"]["git_revision_at_end"] = machine.git_revision(REPO)
+    result_path.write_text(json.dumps(data, indent=1) + "\n")
+    report.write(data, markdown, result_path=result_path)
+    print(result_path)
+    print(markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,366 @@
+"""The plugins under test, each in its own private namespace with its own kubelet bench.
+
+Every peer runs next to the same kubelet device manager (the same bench binary, one
+process per peer) so that a figure compares plugins and nothing else:
+
+* ``ours``: ate-devplugin, as the DaemonSet runs it (``python -m ate_devplugin run``).
+* ``go-stub``: the kubelet's own Go stub device plugin (``plugin/v1beta1.Stub`` from
+  ``k8s.io/kubernetes``), one process per resource, as upstream wrote it.
+* ``go-stub-pref``: the same stub advertising GetPreferredAllocation, so that the
+  kubelet makes the same two RPCs per admission it makes to ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from harness.daemon import DevicePluginDaemon, free_port
+from harness.devices import DeviceNumber, add_device_node
+from harness.kubelet import PLUGIN_DIR, GoStubPlugin, KubeletBench, Namespace
+
+UNITS = 4096
+NULL = DeviceNumber(1, 3)  # every benchmark device node copies /dev/null's numbers
+
+
+def resource_names(prefix: str, count: int) -> list[str]:
+    """``count`` resource names: ``<prefix>/kvm`` alone, or ``<prefix>/r0`` ... when several."""
+    return [f"{prefix}/kvm"] if count == 1 else [f"{prefix}/r{i}" for i in range(count)]
+
+
+class Plugin(ABC):
+    """One peer's process(es) serving ``resources`` in ``ns``."""
+
+    key: str
+    label: str
+
+    def __init__(self, ns: Namespace, resources: Sequence[str], units: int, work: Path) -> None:
+        self.ns = ns
+        self.resources = list(resources)
+        self.units = units
+        self.work = work
+
+    @property
+    def resource(self) -> str:
+        return self.resources[0]
+
+    @abstractmethod
+    def spawn(self) -> None:
+        """Start the process(es) and return at once (registration happens on its own)."""
+
+    @abstractmethod
+    def started(self) -> None:
+        """Return once the process(es) started by :meth:`spawn` are up (not necessarily registered)."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Graceful stop (SIGTERM): streams end, sockets go."""
+
+    @property
+    @abstractmethod
+    def pids(self) -> list[int]:
+        """The processes whose cost is the peer's cost."""
+
+    @property
+    @abstractmethod
+    def socket(self) -> str:
+        """Namespace path of the first resource's plugin socket."""
+
+    # Figures a peer cannot produce say why (None: it can).
+    def cannot_remove_devices(self) -> str | None:
+        return None
+
+    def cannot_scrape_metrics(self) -> str | None:
+        return None
+
+    def metrics_port(self) -> int | None:
+        return None
+
+    def start(self) -> Self:
+        self.spawn()
+        self.started()
+        return self
+
+
+class OurDaemon(Plugin):
+    key = "ours"
+    label = "ate-devplugin (Python)"
+
+    def __init__(
+        self,
+        ns: Namespace,
+        resources: Sequence[str],
+        units: int,
+        work: Path,
+        *,
+        otlp_endpoint: str | None = None,
+    ) -> None:
+        super().__init__(ns, resources, units, work)
+        self.device_root = work / "dev"
+        self.nodes = {r: f"bench/{r.rsplit('/', 1)[1]}" for r in self.resources}
+        for node in self.nodes.values():
+            add_device_node(self.device_root, node, NULL)
+        entries = []
+        for r in self.resources:
+            entries.append(f"  - name: {r}\n    devices: [/dev/{self.nodes[r]}]\n    units: {units}\n")
+        self.daemon = DevicePluginDaemon(
+            self.device_root,
+            work / "daemon",
+            ns=ns,
+            config="resources:\n" + "".join(entries),
+            args=["--log-level", "info"],
+        )
+        # Tracing only when asked: never inherit an endpoint from the caller's environment.
+        for var in [v for v in self.daemon.env if v.startswith("OTEL_")]:
+            del self.daemon.env[var]
+        if otlp_endpoint:
+            self.daemon.env["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp_endpoint
+            self.daemon.env["OTEL_SERVICE_NAME"] = "ate-devplugin-bench"
+
+    def spawn(self) -> None:
+        d = self.daemon
+        d.port = free_port()
+        with d.log_path.open("ab") as log:
+            d.proc = self.ns.spawn(d.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=d.env)
+
+    def started(self) -> None:
+        d = self.daemon
+        deadline = time.monotonic() + 30
+        while True:
+            if d.proc is None or d.proc.poll() is not None:
+                rc = d.proc.returncode if d.proc is not None else None
+                raise RuntimeError(f"daemon exited with {rc}:\n{d.log_text()[-4000:]}")
+            with contextlib.suppress(OSError):
+                if d.get("/healthz")[0] == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError("daemon /healthz did not answer within 30s")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.daemon.proc is not None and self.daemon.proc.poll() is None:
+            self.daemon.stop(signal.SIGTERM)
+
+    @property
+    def pids(self) -> list[int]:
+        p = self.daemon.proc
+        return [p.pid] if p is not None and p.poll() is None else []
+
+    @property
+    def socket(self) -> str:
+        name = "ate-" + self.resource.replace("/", "-").replace(".", "-") + ".sock"
+        return f"{PLUGIN_DIR}/{name}"
+
+    def node_path(self, resource: str | None = None) -> Path:
+        return self.device_root / self.nodes[resource or self.resource]
+
+    def remove_node(self, resource: str | None = None) -> None:
+        self.node_path(resource).unlink()
+
+    def restore_node(self, resource: str | None = None) -> None:
+        add_device_node(self.device_root, self.nodes[resource or self.resource], NULL)
+
+    def metrics_port(self) -> int | None:
+        port: int = self.daemon.port
+        return port
+
+
+class GoStub(Plugin):
+    key = "go-stub"
+    label = "kubelet Go stub"
+    preferred = False
+
+    def __init__(self, ns: Namespace, resources: Sequence[str], units: int, work: Path, *, version: str) -> None:
+        super().__init__(ns, resources, units, work)
+        self.stubs = [
+            GoStubPlugin(ns, version, r, devices=units, preferred=self.preferred, verbosity=0, log_dir=work / "logs")
+            for r in self.resources
+        ]
+
+    def spawn(self) -> None:
+        # The stub reports "ready" only once registered; start() waits for that line.
+        # Several resources are started one after another, each blocking until registered.
+        for stub in self.stubs:
+            stub.start()
+
+    def started(self) -> None:
+        return None
+
+    def stop(self) -> None:
+        for stub in self.stubs:
+            stub.stop()
+
+    @property
+    def pids(self) -> list[int]:
+        return [p for p in (s.pid for s in self.stubs) if p is not None]
+
+    @property
+    def socket(self) -> str:
+        socket: str = self.stubs[0].socket
+        return socket
+
+    def cannot_remove_devices(self) -> str | None:
+        return "no device files: the stub advertises a fixed list and only changes health when told"
+
+    def cannot_scrape_metrics(self) -> str | None:
+        return "no metrics endpoint"
+
+
+class GoStubPreferred(GoStub):
+    key = "go-stub-pref"
+    label = "kubelet Go stub + GetPreferredAllocation"
+    preferred = True
+
+
+class BarePeer:
+    """An idle baseline (``bench.bare_grpc``) inside ``ns``: the bare server alone, or
+    with a client process holding a stream open (that client is not measured)."""
+
+    def __init__(self, ns: Namespace, *, held_stream: bool = False) -> None:
+        self.ns = ns
+        self.held_stream = held_stream
+        self.key = "bare-grpc-aio-stream" if held_stream else "bare-grpc-aio"
+        self.label = PEER_LABELS[self.key]
+        self.socket = f"{PLUGIN_DIR}/{self.key}.sock"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.client: subprocess.Popen[bytes] | None = None
+
+    def _spawn(self, mode: str) -> subprocess.Popen[bytes]:
+        repo = Path(__file__).resolve().parents[1]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+        argv = [sys.executable, "-m", "bench.bare_grpc", mode, self.socket]
+        proc: subprocess.Popen[bytes] = self.ns.spawn(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != b"ready":
+            raise RuntimeError(f"bench.bare_grpc {mode} did not start (exit {proc.poll()})")
+        return proc
+
+    def start(self) -> Self:
+        self.proc = self._spawn("serve")
+        if self.held_stream:
+            self.client = self._spawn("hold")
+        return self
+
+    @property
+    def pids(self) -> list[int]:
+        return [self.proc.pid] if self.proc is not None and self.proc.poll() is None else []
+
+    def stop(self) -> None:
+        for proc in (self.client, self.proc):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(10)
+
+
+class Env:
+    """A fresh namespace, a kubelet bench (manager started) and one peer in it."""
+
+    def __init__(
+        self,
+        peer: str,
+        version: str,
+        *,
+        resources: int = 1,
+        units: int = UNITS,
+        otlp_endpoint: str | None = None,
+        work_root: Path | None = None,
+    ) -> None:
+        self.peer_key = peer
+        self.version = version
+        self.work = Path(tempfile.mkdtemp(prefix=f"bench-{peer}-", dir=work_root))
+        self.ns = Namespace()
+        self.kubelet: KubeletBench | None = None
+        self.plugin: Plugin | None = None
+        self._resources = resources
+        self._units = units
+        self._otlp = otlp_endpoint
+
+    def open(self, *, start_plugin: bool = True) -> Self:
+        self.ns.open()
+        self.kubelet = KubeletBench(self.ns, self.version, verbosity=0, log_dir=self.work / "logs")
+        self.kubelet.start()
+        names = resource_names("ate.dev" if self.peer_key == "ours" else "example.com", self._resources)
+        self.plugin = make_plugin(self.peer_key, self.ns, names, self._units, self.work, self.version, self._otlp)
+        if start_plugin:
+            self.plugin.start()
+            self.wait_full()
+        return self
+
+    @property
+    def k(self) -> KubeletBench:
+        assert self.kubelet is not None
+        return self.kubelet
+
+    @property
+    def p(self) -> Plugin:
+        assert self.plugin is not None
+        return self.plugin
+
+    def wait_full(self, timeout: float = 120.0) -> None:
+        for r in self.p.resources:
+            self.k.wait(r, capacity=self.p.units, allocatable=self.p.units, timeout=timeout)
+
+    def close(self) -> None:
+        if self.plugin is not None:
+            with contextlib.suppress(Exception):
+                self.plugin.stop()
+        if self.kubelet is not None:
+            with contextlib.suppress(Exception):
+                self.kubelet.close()
+        self.ns.close()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self.open()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def make_plugin(
+    key: str,
+    ns: Namespace,
+    resources: Sequence[str],
+    units: int,
+    work: Path,
+    version: str,
+    otlp_endpoint: str | None = None,
+) -> Plugin:
+    if key == "ours":
+        return OurDaemon(ns, resources, units, work, otlp_endpoint=otlp_endpoint)
+    if key == "go-stub":
+        return GoStub(ns, resources, units, work, version=version)
+    if key == "go-stub-pref":
+        return GoStubPreferred(ns, resources, units, work, version=version)
+    raise ValueError(f"unknown peer {key!r}")
+
+
+PEER_LABELS: Mapping[str, str] = {
+    OurDaemon.key: OurDaemon.label,
+    GoStub.key: GoStub.label,
+    GoStubPreferred.key: GoStubPreferred.label,
+    "bare-grpc-aio": "bare grpc.aio server (no services)",
+    "bare-grpc-aio-stream": "bare grpc.aio server, one stream held open",
+    "ours-tracing": "ate-devplugin, tracing on (OTLP)",
+}
+
+
+def describe(obj: Any) -> str:
+    return getattr(obj, "label", type(obj).__name__)

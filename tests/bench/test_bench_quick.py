@@ -1,0 +1,135 @@
+"""The benchmark suite (bench/) keeps working: its quick mode runs end to end.
+
+Behaviour only: every figure is produced for every peer that can produce it, the peers
+that cannot say why, and the report files are written. Timings are never asserted: the
+machine is shared and a test must not fail on a noisy clock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.kubelet import built_versions, missing_prerequisites
+
+pytestmark = pytest.mark.kubelet
+
+REPO = Path(__file__).resolve().parents[2]
+
+# figure -> peers that must have numbers / peers that must say N/A
+EXPECTED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "allocate_kubelet_seq": (("ours", "go-stub", "go-stub-pref"), ()),
+    "allocate_rpc_seq": (("ours", "go-stub", "go-stub-pref"), ()),
+    "allocate_rpc_conc": (("ours", "go-stub", "go-stub-pref"), ()),
+    "kubelet_restart": (("ours", "go-stub"), ()),
+    "kubelet_restart_empty": (("ours",), ()),
+    "device_loss": (("ours",), ("go-stub",)),
+    "device_return": (("ours",), ("go-stub",)),
+    "update_floor": (("go-stub",), ()),
+    "device_loss_empty": (("ours",), ("go-stub",)),
+    "device_return_empty": (("ours",), ("go-stub",)),
+    "update_floor_empty": (("go-stub",), ()),
+    "cold_start": (("ours", "go-stub"), ()),
+    "memory": (("ours", "go-stub"), ()),
+    "memory_growth": (("ours", "go-stub"), ()),
+    "idle": (("ours", "ours-tracing", "go-stub", "bare-grpc-aio", "bare-grpc-aio-stream"), ()),
+    "metrics_scrape": (("ours",), ("go-stub",)),
+}
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    why = missing_prerequisites()
+    if why:
+        pytest.skip(why)
+    if not built_versions():
+        msg = "kubelet bench not built: run tools/build-kubelet-bench.sh"
+        if os.environ.get("KUBELET_BENCH_REQUIRED", "") not in ("", "0"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    out = tmp_path_factory.mktemp("bench")
+    markdown = out / "benchmarks.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "run", "--quick", "--results-dir", str(out), "--markdown", str(markdown)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert proc.returncode == 0, f"bench run --quick failed:\n{proc.stdout}\n{proc.stderr[-8000:]}"
+    results = sorted(out.glob("*-quick.json"))
+    assert len(results) == 1, proc.stdout
+    return json.loads(results[0].read_text()), markdown
+
+
+def _sample_count(value: dict[str, Any]) -> int:
+    return int(value.get("n", 0))
+
+
+def test_every_figure_for_every_capable_peer(quick_run: tuple[dict[str, Any], Path]) -> None:
+    data, _ = quick_run
+    figures = data["figures"]
+    sizes = data["sizes"]
+    assert set(EXPECTED) <= set(figures)
+    for figure, (capable, incapable) in EXPECTED.items():
+        for peer in capable:
+            value = figures[figure].get(peer)
+            assert value is not None, f"{figure}: no entry for {peer}"
+            assert "na" not in value, f"{figure}: {peer} says N/A: {value['na']}"
+        for peer in incapable:
+            assert figures[figure][peer]["na"], f"{figure}: {peer} should explain why it cannot"
+    # Every sample that was asked for is there.
+    for peer in EXPECTED["allocate_kubelet_seq"][0]:
+        assert _sample_count(figures["allocate_kubelet_seq"][peer]) == sizes["seq_pods"]
+        for figure in ("allocate_rpc_seq", "allocate_rpc_conc"):
+            value = figures[figure][peer]
+            assert _sample_count(value) == sizes["rpc_calls"]
+            assert value["errors"] == 0, value["first_error"]
+    assert figures["allocate_rpc_conc"]["ours"]["concurrency"] == sizes["concurrency"]
+    assert _sample_count(figures["kubelet_restart"]["ours"]) == sizes["restarts"]
+    assert _sample_count(figures["kubelet_restart_empty"]["ours"]) == sizes["restarts"]
+    assert _sample_count(figures["kubelet_restart"]["go-stub"]) == sizes["stub_restarts"]
+    for figure in ("device_loss", "device_return", "device_loss_empty", "device_return_empty"):
+        assert _sample_count(figures[figure]["ours"]) == sizes["device_rounds"]
+    for peer in ("ours", "go-stub"):
+        assert _sample_count(figures["cold_start"][peer]) == sizes["cold_starts"]
+        memory = figures["memory"][peer]
+        assert memory["rss_registered_mib"] > 0
+        assert memory["rss_after_allocs_mib"] > 0
+        assert memory["allocations"] == sizes["mem_allocs"]
+        assert "peak_growth_mib" in memory
+        growth = figures["memory_growth"][peer]["resources"]
+        assert sorted(int(n) for n in growth) == sorted(sizes["growth"])
+    # The headline memory figure of ours is taken with tracing on, and spans did arrive.
+    assert figures["memory"]["ours"]["tracing"] is True
+    assert figures["memory"]["ours"]["spans_received"] > 0
+    for peer, value in figures["idle"].items():
+        assert value["seconds"] > 0, peer
+        assert value["switches_per_s"] >= 0, peer
+    scrape = figures["metrics_scrape"]["ours"]
+    assert scrape["resources"] == max(sizes["growth"])
+    assert scrape["plain"]["bytes"] > 0
+    assert _sample_count(scrape["prometheus"]) == sizes["scrapes"]
+
+
+def test_report_files(quick_run: tuple[dict[str, Any], Path]) -> None:
+    data, markdown = quick_run
+    text = markdown.read_text()
+    chart = markdown.with_name(markdown.stem + "-latency.png")
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"]({chart.name})" in text
+    machine = data["machine"]
+    for fact in (str(machine["nproc"]), machine["cpu_model"], machine["kernel"], machine["python"]):
+        assert fact in text
+    assert machine["kubelet_bench"]["k8s_version"] in text
+    for heading in ("## Machine", "## Peers", "## Results", "## Targets"):
+        assert heading in text
+    assert "generic-device-plugin" in text  # why that peer is absent is said
+    assert data["kubelet_release"] in built_versions()
