@@ -12,6 +12,7 @@ from prometheus_client import (
     Info,
 )
 from prometheus_client.gc_collector import GCCollector
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
@@ -88,39 +89,30 @@ class Metrics:
         for result in ("success", "failure"):
             self.config_reloads.labels(result)
 
+    def _series(self, name: str) -> list[tuple[MetricWrapperBase, tuple[str, ...]]]:
+        """Every labelled series of one resource, as (metric, label values)."""
+        return [
+            *((self.registrations, (name, result)) for result in REGISTRATION_RESULTS),
+            *((m, (name, health)) for health in HEALTH_LABELS for m in (self.devices, self.health_changes)),
+            *((self.allocate_requests, (name, code)) for code in ALLOCATE_CODES),
+            *(
+                (m, (name,))
+                for m in (
+                    self.registered,
+                    self.device_nodes_present,
+                    self.allocate_duration,
+                    self.preferred_allocation_requests,
+                    self.list_and_watch_updates,
+                    self.list_and_watch_streams,
+                )
+            ),
+        ]
+
     def add_resource(self, name: str) -> None:
         """Create every labelled series of a resource at zero."""
-        for result in REGISTRATION_RESULTS:
-            self.registrations.labels(name, result)
-        for health in HEALTH_LABELS:
-            self.devices.labels(name, health).set(0)
-            self.health_changes.labels(name, health)
-        for code in ALLOCATE_CODES:
-            self.allocate_requests.labels(name, code)
-        for metric in (
-            self.registered,
-            self.device_nodes_present,
-            self.allocate_duration,
-            self.preferred_allocation_requests,
-            self.list_and_watch_updates,
-            self.list_and_watch_streams,
-        ):
-            metric.labels(name)
+        for metric, labels in self._series(name):
+            metric.labels(*labels)
 
     def remove_resource(self, name: str) -> None:
-        for result in REGISTRATION_RESULTS:
-            self.registrations.remove(name, result)
-        for health in HEALTH_LABELS:
-            self.devices.remove(name, health)
-            self.health_changes.remove(name, health)
-        for code in ALLOCATE_CODES:
-            self.allocate_requests.remove(name, code)
-        for metric in (
-            self.registered,
-            self.device_nodes_present,
-            self.allocate_duration,
-            self.preferred_allocation_requests,
-            self.list_and_watch_updates,
-            self.list_and_watch_streams,
-        ):
-            metric.remove(name)
+        for metric, labels in self._series(name):
+            metric.remove(*labels)
