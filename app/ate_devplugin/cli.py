@@ -24,7 +24,7 @@ from ate_devplugin.httpserver import HttpServer
 from ate_devplugin.logs import setup_logging
 from ate_devplugin.metrics import Metrics
 from ate_devplugin.settings import DEFAULTS, Settings, resolve
-from ate_devplugin.supervisor import Daemon
+from ate_devplugin.supervisor import AgentDiedError, Daemon
 from ate_devplugin.tracing import setup_tracing
 
 log = logging.getLogger("ate_devplugin")
@@ -78,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     disable_created_metrics()  # type: ignore[no-untyped-call]  # unannotated in prometheus-client
     try:
         asyncio.run(serve(settings, resources))
-    except OSError as exc:
+    except (OSError, AgentDiedError) as exc:
         log.error("cannot run: %s", exc)
         return EXIT_RUNTIME
     return 0

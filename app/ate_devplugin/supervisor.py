@@ -36,6 +36,10 @@ STREAM_GRACE_S = 5.0
 STOP_GRACE_S = 1.0
 
 
+class AgentDiedError(RuntimeError):
+    pass
+
+
 class ResourceAgent:
     def __init__(
         self,
@@ -44,9 +48,11 @@ class ResourceAgent:
         metrics: Metrics,
         tracing: Tracing,
         check_kubelet: Callable[[], None],
+        on_death: Callable[[], None],
     ) -> None:
         self.config = config
         self._check_kubelet = check_kubelet
+        self._on_death = on_death
         self.settings = settings
         self.metrics = metrics
         self.tracing = tracing
@@ -87,6 +93,7 @@ class ResourceAgent:
     def _done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
             log.error("agent for %s died", self.name, exc_info=task.exception())
+            self._on_death()
 
     async def _sleep(self, seconds: float | None) -> bool:
         """Sleeps until woken (True) or until ``seconds`` pass (False)."""
@@ -183,6 +190,7 @@ class Daemon:
         self.agents: dict[str, ResourceAgent] = {}
         self._events: asyncio.Queue[FsEvent] = asyncio.Queue()
         self._watcher: Watcher | None = None
+        self._agent_died = asyncio.Event()
         # The config file's bytes last read: applied, or rejected and reported once.
         self._config_data = _read(settings.config) if settings.config else None
         # Identity of the kubelet socket we last saw, to tell restarts.
@@ -212,10 +220,15 @@ class Daemon:
             },
         )
         stopping = asyncio.create_task(stop.wait(), name="stop signal")
+        dying = asyncio.create_task(self._agent_died.wait(), name="agent death")
         try:
             while True:
                 getting = asyncio.create_task(self._events.get(), name="next fs event")
-                done, _ = await asyncio.wait({getting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait({getting, stopping, dying}, return_when=asyncio.FIRST_COMPLETED)
+                if dying in done:
+                    getting.cancel()
+                    # A resource nobody serves any more: exit, so the DaemonSet starts us afresh.
+                    raise AgentDiedError("a resource agent died; see the error above")
                 if stopping in done:
                     getting.cancel()
                     break
@@ -225,12 +238,15 @@ class Daemon:
                 await self._handle(batch)
         finally:
             stopping.cancel()
+            dying.cancel()
             await asyncio.gather(*(a.stop() for a in self.agents.values()))
             self._watcher.stop()
 
     def _add(self, resource: ResourceConfig) -> None:
         self.metrics.add_resource(resource.name)
-        agent = ResourceAgent(resource, self.settings, self.metrics, self.tracing, self._check_kubelet)
+        agent = ResourceAgent(
+            resource, self.settings, self.metrics, self.tracing, self._check_kubelet, self._agent_died.set
+        )
         self.agents[resource.name] = agent
         agent.start()
 
