@@ -36,20 +36,15 @@ from harness.kubelet import (
     bench_binary,
     missing_prerequisites,
 )
-
-_failed_key = pytest.StashKey[bool]()
+from harness.outcome import CALL_FAILED, call_failed
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     report = yield
     if report.when == "call" and report.failed:
-        item.stash[_failed_key] = True
+        item.stash[CALL_FAILED] = True
     return report
-
-
-def _failed(request: pytest.FixtureRequest) -> bool:
-    return bool(request.node.stash.get(_failed_key, False))
 
 
 @pytest.fixture(params=KNOWN_VERSIONS, ids=[f"k8s{v}" for v in KNOWN_VERSIONS])
@@ -82,7 +77,7 @@ def kubelet(
         yield bench
     finally:
         bench.close()
-        if _failed(request):
+        if call_failed(request):
             print(f"----- {bench.log_path} -----\n{bench.log_text()[-20000:]}")
 
 
@@ -105,7 +100,7 @@ def go_stub(
     finally:
         for stub in stubs:
             stub.stop()
-        if _failed(request):
+        if call_failed(request):
             for stub in stubs:
                 print(f"----- {stub.log_path} -----\n{stub.log_text()[-20000:]}")
 
@@ -132,5 +127,5 @@ def daemon(
     finally:
         for d in made:
             d.close()
-            if _failed(request):
+            if call_failed(request):
                 print(f"----- {d.log_path} -----\n{d.log_text()[-6000:]}")

@@ -10,7 +10,7 @@ Repeat counts come from :func:`harness.faults.soak` (``ATE_SOAK_SCALE``).
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +19,7 @@ import pytest
 from harness.daemon import DevicePluginDaemon
 from harness.faults import SpawnDaemon
 from harness.kubelet import Namespace
-
-_failed_key = pytest.StashKey[bool]()
-
-
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
-    report = yield
-    if report.when == "call" and report.failed:
-        item.stash[_failed_key] = True
-    return report
+from harness.outcome import call_failed
 
 
 @pytest.fixture
@@ -52,5 +43,5 @@ def spawn_daemon(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Spa
     finally:
         for d in made:
             d.close()
-            if request.node.stash.get(_failed_key, False):
+            if call_failed(request):
                 print(f"----- {d.log_path} -----\n{d.log_text()[-6000:]}")
