@@ -43,16 +43,14 @@ class ResourceState:
         """Registered and the kubelet holds the ListAndWatch stream."""
         return self.registered and self.streams > 0
 
-    def update(self, discovery: Discovery) -> bool:
-        """Record a discovery; returns whether the advertised health changed."""
+    def update(self, discovery: Discovery) -> None:
+        """Record a discovery; streams hear of it when the advertised health changed."""
         before = self.health
         self.discovery = discovery
         self.ever_present = self.ever_present or discovery.complete
-        if self.health == before:
-            return False
-        self.change_context = context.get_current()
-        self._bump()
-        return True
+        if self.health != before:
+            self.change_context = context.get_current()
+            self._bump()
 
     def stream_opened(self) -> None:
         self.streams += 1

@@ -105,10 +105,6 @@ class Watcher:
             watch, _ = self._watches.pop(path)
             self._observer.unschedule(watch)
 
-    @property
-    def watched(self) -> set[str]:
-        return set(self._watches)
-
     def stop(self) -> None:
         self._observer.unschedule_all()
 
