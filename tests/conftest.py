@@ -28,6 +28,7 @@ import pytest
 
 from harness.daemon import DevicePluginDaemon, MakeDaemon
 from harness.devices import make_device_root
+from harness.faults import SpawnDaemon
 from harness.kubelet import (
     KNOWN_VERSIONS,
     GoStubPlugin,
@@ -111,14 +112,13 @@ def device_root(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def daemon(
-    kubelet_ns: Namespace, device_root: Path, tmp_path: Path, request: pytest.FixtureRequest
-) -> Iterator[MakeDaemon]:
-    """``daemon(config=None, env=None, start=True)``: our daemon in the bench's namespace."""
+def spawn_daemon(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[SpawnDaemon]:
+    """``spawn_daemon(device_root, ns=..., config=None, env=None, args=(), start=True)``: our
+    daemon anywhere; closed after the test, its log printed when the test failed."""
     made: list[DevicePluginDaemon] = []
 
-    def make(config: str | None = None, *, env: dict[str, str] | None = None, start: bool = True) -> DevicePluginDaemon:
-        d = DevicePluginDaemon(device_root, tmp_path / f"daemon{len(made)}", ns=kubelet_ns, config=config, env=env)
+    def make(device_root: Path, *, start: bool = True, **kwargs: Any) -> DevicePluginDaemon:
+        d = DevicePluginDaemon(device_root, tmp_path / f"daemon{len(made)}", **kwargs)
         made.append(d)
         return d.start() if start else d
 
@@ -129,3 +129,13 @@ def daemon(
             d.close()
             if call_failed(request):
                 print(f"----- {d.log_path} -----\n{d.log_text()[-6000:]}")
+
+
+@pytest.fixture
+def daemon(kubelet_ns: Namespace, device_root: Path, spawn_daemon: SpawnDaemon) -> MakeDaemon:
+    """``daemon(config=None, env=None, start=True)``: our daemon in the bench's namespace."""
+
+    def make(config: str | None = None, *, env: dict[str, str] | None = None, start: bool = True) -> DevicePluginDaemon:
+        return spawn_daemon(device_root, ns=kubelet_ns, config=config, env=env, start=start)
+
+    return make
