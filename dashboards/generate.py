@@ -3,9 +3,15 @@
     python dashboards/generate.py          # rewrite the JSON files
     python dashboards/generate.py --check  # exit 1 if the JSON files differ from this code
 
+Built with Grafana's own SDK, grafana-foundation-sdk (pinned in pyproject.toml); this file
+holds only the project's conventions (datasource variable, units, panel styles) and the
+panels. A dashboard is a list of rows, each a list of panels that the SDK lays out left to
+right, wrapping at Grafana's 24 columns. To add a panel, append a ``stat``, ``timeseries``,
+``state_timeline`` or ``table`` call to its row and regenerate.
+
 tests/dashboards/test_dashboards.py fails when the committed JSON drifts from this code,
-checks the conventions (datasource variable, units, $__rate_interval, stable uids) and
-runs every query against a real Prometheus that scraped the daemon.
+checks the conventions (datasource variable, units, $__rate_interval, stable uids, no
+overlapping panels) and runs every query against a real Prometheus that scraped the daemon.
 
 Label sets are those of the chart's ServiceMonitor: job, instance, namespace, pod, node,
 plus resource_name on the daemon's own series.
@@ -13,59 +19,64 @@ plus resource_name on the daemon's own series.
 
 from __future__ import annotations
 
-import json
 import sys
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
+
+from grafana_foundation_sdk.builders import common as cb
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import prometheus, statetimeline
+from grafana_foundation_sdk.builders import stat as stat_panel
+from grafana_foundation_sdk.builders import table as table_panel
+from grafana_foundation_sdk.builders import timeseries as timeseries_panel
+from grafana_foundation_sdk.cog.builder import Builder
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as c
+from grafana_foundation_sdk.models import dashboard as m
+from grafana_foundation_sdk.models import prometheus as pm
+from grafana_foundation_sdk.models import statetimeline as statetimeline_model
 
 HERE = Path(__file__).resolve().parent
-DS = {"type": "prometheus", "uid": "${datasource}"}
+DS = m.DataSourceRef(type_val="prometheus", uid="${datasource}")
 TAGS = ["ate-devplugin", "kubernetes", "device-plugin"]
 FLEET_UID = "ate-devplugin-fleet"
 NODE_UID = "ate-devplugin-node"
-
-Json = dict[str, Any]
 
 # Label matchers shared by every query; Grafana fills the variables.
 DAEMON = 'job=~"$job", node=~"$node"'
 RES = DAEMON + ', resource_name=~"$resource"'
 
-GREEN, RED, ORANGE = "green", "red", "orange"
+GREEN, RED = "green", "red"
+
+Panel = Builder[m.Panel]
+AnyPanel = TypeVar("AnyPanel", stat_panel.Panel, timeseries_panel.Panel, statetimeline.Panel, table_panel.Panel)
 
 
 # --- building blocks -----------------------------------------------------------------
 
 
-def target(expr: str, legend: str = "", *, instant: bool = False, exemplar: bool = False) -> Json:
-    t: Json = {
-        "datasource": DS,
-        "editorMode": "code",
-        "expr": expr,
-        "legendFormat": legend or "__auto",
-        "range": not instant,
-        "instant": instant,
-        "exemplar": exemplar,
+def target(expr: str, legend: str = "", *, instant: bool = False, exemplar: bool = False) -> prometheus.Dataquery:
+    query = (
+        prometheus.Dataquery()
+        .datasource(DS)
+        .editor_mode(pm.QueryEditorMode.CODE)
+        .expr(expr)
+        .legend_format(legend or "__auto")
+        .exemplar(exemplar)
+    )
+    return query.instant().format(pm.PromQueryFormat.TABLE) if instant else query.range()
+
+
+def thresholds(*steps: tuple[float | None, str]) -> db.ThresholdsConfig:
+    return db.ThresholdsConfig().mode(m.ThresholdsMode.ABSOLUTE).steps([m.Threshold(v, color) for v, color in steps])
+
+
+def value_map(*entries: tuple[int, str, str]) -> list[m.ValueMapping]:
+    results = {
+        str(v): m.ValueMappingResult(text=text, color=color, index=i) for i, (v, text, color) in enumerate(entries)
     }
-    if instant:
-        t["format"] = "table"
-    return t
-
-
-def thresholds(*steps: tuple[float | None, str]) -> Json:
-    return {"mode": "absolute", "steps": [{"value": v, "color": c} for v, c in steps]}
-
-
-def value_map(*entries: tuple[int, str, str]) -> list[Json]:
-    return [
-        {
-            "type": "value",
-            "options": {
-                str(v): {"text": text, "color": color, "index": i} for i, (v, text, color) in enumerate(entries)
-            },
-        }
-    ]
+    return [m.ValueMap(options=results)]
 
 
 REGISTERED = value_map((0, "not registered", RED), (1, "registered", GREEN))
@@ -76,149 +87,126 @@ OK_IF_POSITIVE = thresholds((None, RED), (1, GREEN))
 NEUTRAL = thresholds((None, GREEN))
 
 
-@dataclass
-class Panel:
-    kind: str
-    title: str
-    description: str
-    targets: list[Json]
-    unit: str
-    width: int = 12
-    height: int = 8
-    options: Json = field(default_factory=dict)
-    defaults: Json = field(default_factory=dict)
-    overrides: list[Json] = field(default_factory=list)
-    transformations: list[Json] = field(default_factory=list)
-
-    def render(self, panel_id: int, x: int, y: int) -> Json:
-        for i, t in enumerate(self.targets):
-            t["refId"] = chr(ord("A") + i)
-        out: Json = {
-            "id": panel_id,
-            "type": self.kind,
-            "title": self.title,
-            "description": self.description,
-            "datasource": DS,
-            "gridPos": {"x": x, "y": y, "w": self.width, "h": self.height},
-            "targets": self.targets,
-            "fieldConfig": {"defaults": {"unit": self.unit, **self.defaults}, "overrides": self.overrides},
-            "options": self.options,
-        }
-        if self.transformations:
-            out["transformations"] = self.transformations
-        return out
+def common(
+    panel: AnyPanel,
+    title: str,
+    description: str,
+    targets: Sequence[prometheus.Dataquery],
+    unit: str,
+    width: int,
+    height: int,
+) -> AnyPanel:
+    """What every panel has: its queries (refIds A, B, ...) through the datasource variable, a unit, a size."""
+    panel.title(title).description(description).datasource(DS).unit(unit).span(width).height(height)
+    for i, t in enumerate(targets):
+        panel.with_target(t.ref_id(chr(ord("A") + i)))
+    return panel
 
 
 def stat(
     title: str,
     description: str,
-    targets: list[Json],
+    targets: Sequence[prometheus.Dataquery],
     unit: str = "none",
     *,
-    steps: Json = NEUTRAL,
-    mappings: list[Json] | None = None,
+    steps: db.ThresholdsConfig = NEUTRAL,
+    mappings: list[m.ValueMapping] | None = None,
     width: int = 3,
-    text_mode: str = "auto",
+    text_mode: c.BigValueTextMode = c.BigValueTextMode.AUTO,
 ) -> Panel:
-    return Panel(
-        "stat",
-        title,
-        description,
-        targets,
-        unit,
-        width=width,
-        height=4,
-        options={
-            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-            "colorMode": "background",
-            "graphMode": "none",
-            "textMode": text_mode,
-            "justifyMode": "auto",
-            "orientation": "auto",
-        },
-        defaults={"color": {"mode": "thresholds"}, "thresholds": steps, "mappings": mappings or []},
+    return (
+        common(stat_panel.Panel(), title, description, targets, unit, width, 4)
+        .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False))
+        .color_mode(c.BigValueColorMode.BACKGROUND)
+        .graph_mode(c.BigValueGraphMode.NONE)
+        .text_mode(text_mode)
+        .justify_mode(c.BigValueJustifyMode.AUTO)
+        .orientation(c.VizOrientation.AUTO)
+        .color_scheme(db.FieldColor().mode(m.FieldColorModeId.THRESHOLDS))
+        .thresholds(steps)
+        .mappings(mappings or [])
     )
 
 
 def timeseries(
     title: str,
     description: str,
-    targets: list[Json],
+    targets: Sequence[prometheus.Dataquery],
     unit: str,
     *,
     width: int = 12,
     bars: bool = False,
     stack: bool = False,
 ) -> Panel:
-    return Panel(
-        "timeseries",
-        title,
-        description,
-        targets,
-        unit,
-        width=width,
-        options={
-            "legend": {
-                "displayMode": "table",
-                "placement": "bottom",
-                "showLegend": True,
-                "calcs": ["lastNotNull", "max"],
-            },
-            "tooltip": {"mode": "multi", "sort": "desc"},
-        },
-        defaults={
-            "min": 0,
-            "color": {"mode": "palette-classic"},
-            "custom": {
-                "drawStyle": "bars" if bars else "line",
-                "lineWidth": 1,
-                "fillOpacity": 60 if bars else 10,
-                "showPoints": "never",
-                "spanNulls": False,
-                "stacking": {"mode": "normal" if stack else "none", "group": "A"},
-            },
-        },
+    return (
+        common(timeseries_panel.Panel(), title, description, targets, unit, width, 8)
+        .legend(
+            cb.VizLegendOptions()
+            .display_mode(c.LegendDisplayMode.TABLE)
+            .placement(c.LegendPlacement.BOTTOM)
+            .show_legend(True)
+            .calcs(["lastNotNull", "max"])
+        )
+        .tooltip(cb.VizTooltipOptions().mode(c.TooltipDisplayMode.MULTI).sort(c.SortOrder.DESCENDING))
+        .min(0)
+        .color_scheme(db.FieldColor().mode(m.FieldColorModeId.PALETTE_CLASSIC))
+        .draw_style(c.GraphDrawStyle.BARS if bars else c.GraphDrawStyle.LINE)
+        .line_width(1)
+        .fill_opacity(60 if bars else 10)
+        .show_points(c.VisibilityMode.NEVER)
+        .span_nulls(False)
+        .stacking(cb.StackingConfig().mode(c.StackingMode.NORMAL if stack else c.StackingMode.NONE).group("A"))
     )
 
 
 def state_timeline(
-    title: str, description: str, targets: list[Json], mappings: list[Json], *, width: int = 12
+    title: str,
+    description: str,
+    targets: Sequence[prometheus.Dataquery],
+    mappings: list[m.ValueMapping],
+    *,
+    width: int = 12,
 ) -> Panel:
-    return Panel(
-        "state-timeline",
-        title,
-        description,
-        targets,
-        "none",
-        width=width,
-        options={
-            "mergeValues": True,
-            "showValue": "never",
-            "alignValue": "left",
-            "rowHeight": 0.9,
-            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": False},
-            "tooltip": {"mode": "single", "sort": "none"},
-        },
-        defaults={
-            "color": {"mode": "thresholds"},
-            "thresholds": NEUTRAL,
-            "mappings": mappings,
-            "custom": {"fillOpacity": 80, "lineWidth": 0},
-        },
+    panel = (
+        common(statetimeline.Panel(), title, description, targets, "none", width, 8)
+        .merge_values(True)
+        .show_value(c.VisibilityMode.NEVER)
+        .align_value(c.TimelineValueAlignment.LEFT)
+        .row_height(0.9)
+        .legend(
+            cb.VizLegendOptions()
+            .display_mode(c.LegendDisplayMode.LIST)
+            .placement(c.LegendPlacement.BOTTOM)
+            .show_legend(False)
+        )
+        .tooltip(cb.VizTooltipOptions().mode(c.TooltipDisplayMode.SINGLE).sort(c.SortOrder.NONE))
+        .color_scheme(db.FieldColor().mode(m.FieldColorModeId.THRESHOLDS))
+        .thresholds(NEUTRAL)
+        .mappings(mappings)
+        .fill_opacity(80)
+        .line_width(0)
     )
+    options = panel.build().options
+    assert isinstance(options, statetimeline_model.Options)
+    options.per_page = None  # the SDK's default (20) would page the rows of a large fleet; show them all
+    return panel
 
 
-def by_name(name: str, *properties: tuple[str, Any]) -> Json:
-    return {"matcher": {"id": "byName", "options": name}, "properties": [{"id": k, "value": v} for k, v in properties]}
+Override = tuple[str, list[m.DynamicConfigValue]]
+
+
+def by_name(name: str, *properties: tuple[str, object]) -> Override:
+    """Field overrides for the column ``name``; builder values (thresholds) are built."""
+    return name, [m.DynamicConfigValue(k, v.build() if isinstance(v, Builder) else v) for k, v in properties]
 
 
 def table(
     title: str,
     description: str,
-    targets: list[Json],
+    targets: Sequence[prometheus.Dataquery],
     columns: dict[str, str],
     *,
-    overrides: list[Json] | None = None,
+    overrides: Sequence[Override] = (),
     sort_by: str = "",
     width: int = 24,
     height: int = 8,
@@ -227,30 +215,27 @@ def table(
     rename = {(f"Value {k}" if k.startswith("#") else k): v for k, v in columns.items()}
     if len(targets) == 1 and "#A" in columns:
         rename["Value"] = columns["#A"]  # Grafana omits the "#A" when there is one query
-    return Panel(
-        "table",
-        title,
-        description,
-        targets,
-        "none",
-        width=width,
-        height=height,
-        options={
-            "showHeader": True,
-            "cellHeight": "sm",
-            "footer": {"show": False, "reducer": ["sum"], "fields": ""},
-            "sortBy": [{"displayName": sort_by, "desc": False}] if sort_by else [],
-        },
-        defaults={"custom": {"align": "auto", "cellOptions": {"type": "auto"}}},
-        overrides=overrides or [],
-        transformations=[
-            {"id": "merge", "options": {}},
-            {"id": "organize", "options": {"excludeByName": {"Time": True}, "indexByName": {}, "renameByName": rename}},
-        ],
+    panel = (
+        common(table_panel.Panel(), title, description, targets, "none", width, height)
+        .show_header(True)
+        .cell_height(c.TableCellHeight.SM)
+        .footer(cb.TableFooterOptions().show(False).reducer(["sum"]))
+        .sort_by([cb.TableSortByFieldState().display_name(sort_by).desc(False)] if sort_by else [])
+        .align(c.FieldTextAlignment.AUTO)
+        .cell_options(c.TableAutoCellOptions())
+        .with_transformation(m.DataTransformerConfig("merge", options={}))
+        .with_transformation(
+            m.DataTransformerConfig(
+                "organize", options={"excludeByName": {"Time": True}, "indexByName": {}, "renameByName": rename}
+            )
+        )
     )
+    for name, properties in overrides:
+        panel.override_by_name(name, properties)
+    return panel
 
 
-def quantiles(selector: str, by: str, *qs: float, exemplar_on: float | None = None) -> list[Json]:
+def quantiles(selector: str, by: str, *qs: float, exemplar_on: float | None = None) -> list[prometheus.Dataquery]:
     group = f"{by}, le" if by else "le"
     out = []
     for q in qs:
@@ -264,50 +249,26 @@ def quantiles(selector: str, by: str, *qs: float, exemplar_on: float | None = No
     return out
 
 
-# --- variables -----------------------------------------------------------------------
+# --- variables and annotations --------------------------------------------------------------
 
 
-def datasource_variable() -> Json:
-    return {
-        "name": "datasource",
-        "label": "Data source",
-        "type": "datasource",
-        "query": "prometheus",
-        "current": {},
-        "hide": 0,
-        "includeAll": False,
-        "multi": False,
-        "options": [],
-        "refresh": 1,
-        "regex": "",
-        "skipUrlSync": False,
-    }
+def query_variable(name: str, label: str, query: str, *, multi: bool) -> db.QueryVariable:
+    variable = (
+        db.QueryVariable(name)
+        .label(label)
+        .datasource(DS)
+        .query({"query": query, "refId": f"{name}-variable"})
+        .multi(multi)
+        .include_all(multi)
+        .refresh(m.VariableRefresh.ON_TIME_RANGE_CHANGED)  # nodes come and go
+        .sort(m.VariableSort.ALPHABETICAL_ASC)
+    )
+    return variable.all_value(".*") if multi else variable
 
 
-def query_variable(name: str, label: str, query: str, *, multi: bool, hide: int = 0) -> Json:
-    return {
-        "name": name,
-        "label": label,
-        "type": "query",
-        "datasource": DS,
-        "query": {"query": query, "refId": f"{name}-variable"},
-        "definition": query,
-        "current": {},
-        "hide": hide,
-        "includeAll": multi,
-        "allValue": ".*" if multi else None,
-        "multi": multi,
-        "options": [],
-        "refresh": 2,  # on time range change: nodes come and go
-        "regex": "",
-        "skipUrlSync": False,
-        "sort": 1,
-    }
-
-
-def variables(*, multi_node: bool) -> list[Json]:
+def variables(*, multi_node: bool) -> list[Builder[m.VariableModel]]:
     return [
-        datasource_variable(),
+        db.DatasourceVariable("datasource").label("Data source").type("prometheus"),
         query_variable("job", "Job", "label_values(ate_devplugin_build_info, job)", multi=False),
         query_variable("node", "Node", 'label_values(ate_devplugin_build_info{job=~"$job"}, node)', multi=multi_node),
         query_variable(
@@ -319,112 +280,97 @@ def variables(*, multi_node: bool) -> list[Json]:
     ]
 
 
-# --- layout --------------------------------------------------------------------------
+class PrometheusAnnotation(m.AnnotationQuery):
+    """An annotation from a Prometheus query. The SDK's model lacks the fields the Prometheus
+    data source reads to title and describe each event, so they are added here."""
+
+    def __init__(self, name: str, expr: str, text: str, color: str) -> None:
+        super().__init__(name=name, datasource=DS, icon_color=color, expr=expr, built_in=None)
+        self.text_format = text
+
+    def to_json(self) -> dict[str, object]:
+        extra = {"step": "30s", "titleFormat": self.name, "textFormat": self.text_format, "useValueForTime": False}
+        return super().to_json() | extra
 
 
-def layout(sections: Sequence[tuple[str, Sequence[Panel]]]) -> list[Json]:
-    """Rows of panels, flowed left to right and wrapped at Grafana's 24 columns."""
-    panels: list[Json] = []
-    next_id, y = 1, 0
-    for title, section in sections:
-        panels.append(
-            {
-                "id": next_id,
-                "type": "row",
-                "title": title,
-                "collapsed": False,
-                "gridPos": {"x": 0, "y": y, "w": 24, "h": 1},
-                "panels": [],
-            }
-        )
-        next_id, y = next_id + 1, y + 1
-        x, row_height = 0, 0
-        for panel in section:
-            if x + panel.width > 24:
-                x, y, row_height = 0, y + row_height, 0
-            panels.append(panel.render(next_id, x, y))
-            next_id += 1
-            x += panel.width
-            row_height = max(row_height, panel.height)
-        y += row_height
-    return panels
+class Annotation(Builder[m.AnnotationQuery]):
+    def __init__(self, annotation: m.AnnotationQuery) -> None:
+        self.annotation = annotation
+
+    def build(self) -> m.AnnotationQuery:
+        return self.annotation
+
+
+def annotation(name: str, expr: str, text: str, color: str) -> Annotation:
+    return Annotation(PrometheusAnnotation(name, expr, text, color))
+
+
+BUILT_IN_ANNOTATIONS = (
+    db.AnnotationQuery()
+    .name("Annotations & Alerts")
+    .datasource(m.DataSourceRef(type_val="grafana", uid="-- Grafana --"))
+    .built_in(1)
+    .type("dashboard")
+    .enable(True)
+    .hide(True)
+    .icon_color("rgba(0, 211, 255, 1)")
+)
+
+
+# --- dashboards ------------------------------------------------------------------------
 
 
 def dashboard(
     uid: str,
     title: str,
     description: str,
-    sections: Sequence[tuple[str, Sequence[Panel]]],
+    rows: Sequence[tuple[str, Sequence[Panel]]],
     *,
     multi_node: bool,
-    annotations: Iterable[Json] = (),
-) -> Json:
-    return {
-        "uid": uid,
-        "title": title,
-        "description": description,
-        "tags": TAGS,
-        "editable": True,
-        "graphTooltip": 1,
-        "timezone": "browser",
-        "refresh": "30s",
-        "time": {"from": "now-6h", "to": "now"},
-        "fiscalYearStartMonth": 0,
-        "liveNow": False,
-        "schemaVersion": 39,
-        "version": 1,
-        "links": [
-            {
-                "type": "dashboards",
-                "title": "ate-devplugin",
-                "tags": ["ate-devplugin"],
-                "asDropdown": False,
-                "includeVars": True,
-                "keepTime": True,
-                "icon": "external link",
-                "targetBlank": False,
-                "tooltip": "",
-                "url": "",
-            },
-        ],
-        "annotations": {
-            "list": [
-                {
-                    "builtIn": 1,
-                    "datasource": {"type": "grafana", "uid": "-- Grafana --"},
-                    "enable": True,
-                    "hide": True,
-                    "iconColor": "rgba(0, 211, 255, 1)",
-                    "name": "Annotations & Alerts",
-                    "type": "dashboard",
-                },
-                *annotations,
-            ]
-        },
-        "templating": {"list": variables(multi_node=multi_node)},
-        "panels": layout(sections),
-    }
-
-
-def annotation(name: str, expr: str, text: str, color: str) -> Json:
-    return {
-        "name": name,
-        "datasource": DS,
-        "enable": True,
-        "hide": False,
-        "iconColor": color,
-        "expr": expr,
-        "step": "30s",
-        "titleFormat": name,
-        "textFormat": text,
-        "useValueForTime": False,
-    }
+    annotations: Sequence[Annotation] = (),
+) -> m.Dashboard:
+    board = (
+        db.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(TAGS)
+        .editable()
+        .tooltip(m.DashboardCursorSync.CROSSHAIR)
+        .timezone("browser")
+        .refresh("30s")
+        .time("now-6h", "now")
+        .fiscal_year_start_month(0)
+        .live_now(False)
+        .version(1)
+        .link(
+            db.DashboardLink("ate-devplugin")
+            .type(m.DashboardLinkType.DASHBOARDS)
+            .tags(["ate-devplugin"])
+            .as_dropdown(False)
+            .include_vars(True)
+            .keep_time(True)
+            .icon("external link")
+            .target_blank(False)
+            .tooltip("")
+            .url("")
+        )
+        .annotations([BUILT_IN_ANNOTATIONS, *annotations])
+        .variables(variables(multi_node=multi_node))
+    )
+    for row_title, panels in rows:
+        board.with_row(db.Row(row_title).collapsed(False))
+        for panel in panels:
+            board.with_panel(panel)
+    built = board.build()
+    for panel_id, panel_or_row in enumerate(built.panels or [], start=1):
+        panel_or_row.id_val = panel_id  # Grafana keeps ids unique; stable ones keep the JSON stable
+    return built
 
 
 # --- the fleet overview ----------------------------------------------------------------
 
 
-def fleet() -> Json:
+def fleet() -> m.Dashboard:
     node_link = {
         "title": "Open the node drill-down",
         "url": f"/d/{NODE_UID}/ate-devplugin-node?${{datasource:queryparam}}&${{job:queryparam}}"
@@ -720,7 +666,7 @@ def fleet() -> Json:
 # --- the node drill-down ---------------------------------------------------------------
 
 
-def node() -> Json:
+def node() -> m.Dashboard:
     status = [
         stat(
             "Daemon",
@@ -773,7 +719,7 @@ def node() -> Json:
             "Version",
             "Version of the daemon running on this node.",
             [target(f"max by (version) (ate_devplugin_build_info{{{DAEMON}}})", "{{version}}")],
-            text_mode="name",
+            text_mode=c.BigValueTextMode.NAME,
             width=2,
         ),
     ]
@@ -966,8 +912,8 @@ def node() -> Json:
 DASHBOARDS = {"ate-devplugin-fleet.json": fleet, "ate-devplugin-node.json": node}
 
 
-def render(build: Any) -> str:
-    return json.dumps(build(), indent=2) + "\n"
+def render(build: Callable[[], m.Dashboard]) -> str:
+    return JSONEncoder(indent=2).encode(build()) + "\n"
 
 
 def main(argv: Sequence[str]) -> int:

@@ -3,6 +3,7 @@ query answered with data by a real Prometheus that scraped the daemon."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import math
@@ -75,6 +76,13 @@ def query_variables(dashboard: Json) -> list[Json]:
     return [v for v in dashboard["templating"]["list"] if v["type"] == "query"]
 
 
+def variable_query(variable: Json) -> str:
+    """The query a variable runs: a string, or the Prometheus editor's {"query": ...} object."""
+    query = variable["query"]
+    text: str = query["query"] if isinstance(query, dict) else query
+    return text
+
+
 # --- one source ----------------------------------------------------------------------
 
 
@@ -85,6 +93,16 @@ def test_json_matches_the_generator() -> None:
         assert (DASHBOARDS / name).read_text() == gen.render(build), (
             f"dashboards/{name} differs from dashboards/generate.py: run python dashboards/generate.py"
         )
+
+
+def test_the_generator_runs_on_the_pinned_sdk() -> None:
+    """The JSON carries the SDK's defaults, so another SDK version fails the drift check above."""
+    pins = re.findall(r'"grafana-foundation-sdk==([^"]+)"', (REPO / "pyproject.toml").read_text())
+    assert len(pins) == 1, "pyproject.toml pins grafana-foundation-sdk exactly, once"
+    installed = importlib.metadata.version("grafana-foundation-sdk")
+    assert installed == pins[0], (
+        f"grafana-foundation-sdk {installed} installed, {pins[0]} pinned: pip install -e .[dev]"
+    )
 
 
 # --- conventions -----------------------------------------------------------------------
@@ -257,7 +275,7 @@ def label_values(prom: Prometheus, definition: str, node: str) -> list[str]:
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_UIDS))
 def test_variables_offer_the_scraped_values(fleet: FleetScenario, name: str) -> None:
-    variables = {v["name"]: v["definition"] for v in query_variables(ALL[name])}
+    variables = {v["name"]: variable_query(v) for v in query_variables(ALL[name])}
     prom = fleet.prometheus
     assert label_values(prom, variables["job"], ".*") == ["ate-devplugin"]
     assert label_values(prom, variables["node"], ".*") == ["node-a", "node-b"]
