@@ -6,8 +6,12 @@
 Built with Grafana's own SDK, grafana-foundation-sdk (pinned in pyproject.toml); this file
 holds only the project's conventions (datasource variable, units, panel styles) and the
 panels. A dashboard is a list of rows, each a list of panels that the SDK lays out left to
-right, wrapping at Grafana's 24 columns. To add a panel, append a ``stat``, ``timeseries``,
-``state_timeline`` or ``table`` call to its row and regenerate.
+right, wrapping at Grafana's 24 columns (keep a row's widths adding up to lines of 24).
+
+To add a panel: append a ``stat``, ``timeseries``, ``state_timeline`` or ``table`` call to
+its row in ``fleet()`` or ``node()``, run this file and tools/sync-chart-files.py (the
+chart ships a copy). The live test runs the new query against the fleet scenario of
+tests/harness/monitoring.py, so the scenario must produce the series it reads.
 
 tests/dashboards/test_dashboards.py fails when the committed JSON drifts from this code,
 checks the conventions (datasource variable, units, $__rate_interval, stable uids, no
