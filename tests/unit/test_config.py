@@ -62,7 +62,8 @@ resources:
         ("resources: [{name: ate.dev/kvm, devices: [/etc/passwd]}]", "resources[0].devices[0]", "under /dev"),
         ("resources: [{name: ate.dev/kvm, devices: [/dev/../etc/shadow]}]", "resources[0].devices[0]", "'..'"),
         ("resources: [{name: ate.dev/kvm, devices: [/dev]}]", "resources[0].devices[0]", "under /dev"),
-        ("resources: [{name: ate.dev/kvm, devices: [/dev/kvm, /dev//kvm]}]", "resources[0].devices", "twice"),
+        ("resources: [{name: ate.dev/kvm, devices: [/dev/kvm, /dev//kvm]}]", "resources[0].devices[1]", "normal path"),
+        ("resources: [{name: ate.dev/kvm, devices: [/dev/kvm, /dev/kvm]}]", "resources[0].devices[1]", "repeats"),
         ("resources: [{name: ate.dev/kvm, devices: []}]", "resources[0].devices", "non-empty"),
         ("resources: [{name: ate.dev/kvm, devices: [3]}]", "resources[0].devices[0]", "string"),
         ("resources: [{name: ate.dev/kvm, devices: [/dev/kvm], units: 0}]", "resources[0].units", "positive"),
@@ -118,5 +119,5 @@ def test_max_units_is_exactly_the_message_limit(prefix: str) -> None:
         ids = [f"{prefix}-{n}" for n in range(units)]
         return pb.ListAndWatchResponse(devices=[pb.Device(ID=i, health="Unhealthy") for i in ids]).ByteSize()
 
-    n = max_units(prefix)
+    n = max_units(len(prefix))
     assert size(n) <= MAX_MESSAGE_BYTES < size(n + 1)
