@@ -2,9 +2,10 @@
 
 The rules are data (``RESOURCE`` below): each knows how to check a value and how to say
 the same in JSON Schema, so the chart's ``values.schema.json`` for ``deviceConfig`` is
-generated from here (tools/gen-config-schema.py) and cannot drift. The few rules across
-resources (unique names and sockets, the socket path length) are in ``check_across``
-and generated into the chart's ``_deviceconfig.tpl``.
+generated from here (tools/gen-config-schema.py) and cannot drift. The rules a schema
+cannot say (units within the message limit for the name's length, unique names and
+socket files, the socket path length) are ``_resource`` and ``check_across``, generated
+into the chart's ``_deviceconfig.tpl``.
 
 Every problem becomes a ConfigError naming the field (e.g. ``resources[1].units``) and
 what is wrong with it, so the CLI can print one line and exit 2.
@@ -95,7 +96,8 @@ class Pattern:
 
     def schema(self) -> dict[str, Any]:
         match = {"pattern": f"^(?:{self.regex})$"}
-        return {"not": match} if self.negate else match
+        # A number matches no pattern, so "not" must say "a string that matches".
+        return {"not": {"type": "string", **match}} if self.negate else match
 
 
 @dataclass(frozen=True)
@@ -287,7 +289,9 @@ def _key(where: str, key: Any) -> str:
 _CONTROL = r"\x00-\x1f\x7f"
 # One path segment: not empty, not '.' or '..', no '/' and no control character.
 _SEGMENT = rf"(?:\.\.[^/{_CONTROL}]+|\.[^./{_CONTROL}][^/{_CONTROL}]*|[^./{_CONTROL}][^/{_CONTROL}]*)"
-_NO_CONTROL = Pattern(rf"[^{_CONTROL}]*", "must not contain a control character (newline, NUL, ...)")
+# Said as "contains none" (not "all are others"): Python's $ also matches before a final
+# newline, so only this form means the same to python-jsonschema as to helm's RE2.
+_NO_CONTROL = Pattern(rf"(?s:.*[{_CONTROL}].*)", "must not contain a control character (newline, NUL, ...)", True)
 _ABSOLUTE = Pattern(r"/.*", "must be an absolute path")
 _NORMAL = "must be a normal path: no '.', '..' or empty parts, no trailing '/'"
 _LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
@@ -308,6 +312,7 @@ def _path(under: str, problem: str, description: str) -> Text:
 
 _NAME = Text(
     (
+        _NO_CONTROL,
         Pattern(r"(?s:.*/.*)", "must be <domain>/<name>, e.g. ate.dev/kvm"),
         Pattern(r"[^/]*/[^/]*", "has more than one '/'"),
         Pattern(r"(?s:.*kubernetes\.io/.*)", "is in the reserved kubernetes.io domain", negate=True),
@@ -324,6 +329,7 @@ _NAME = Text(
 )
 _PERMISSIONS = Text(
     (
+        _NO_CONTROL,
         Pattern(
             "|".join("".join(p) for n in (1, 2, 3) for p in permutations("rwm", n)),
             "must be letters from 'rwm', each at most once",
@@ -360,10 +366,12 @@ RESOURCE = Record(
         "env": Field(
             Table(
                 Text(
-                    (Pattern(r"[A-Za-z_][A-Za-z0-9_]*", "is not a valid environment variable name"),),
+                    (_NO_CONTROL, Pattern(r"[A-Za-z_][A-Za-z0-9_]*", "is not a valid environment variable name")),
                     MAX_ENV_NAME_CHARS,
                 ),
-                Text((Pattern(r"[^\x00]*", "must not contain a NUL byte"),), MAX_ENV_VALUE_CHARS, numbers=True),
+                Text(
+                    (Pattern(r"(?s:.*\x00.*)", "must not contain a NUL byte", True),), MAX_ENV_VALUE_CHARS, numbers=True
+                ),
                 MAX_ENV,
                 "Environment variables given to the consuming container.",
             )
@@ -466,17 +474,6 @@ def check_across(resources: tuple[ResourceConfig, ...], plugin_dir: str | None =
                     f"resources[{i}].name",
                     f"socket path {path!r} is longer than the {MAX_SOCKET_PATH}-byte unix socket limit",
                 )
-
-
-def unit_limits_schema() -> list[dict[str, Any]]:
-    """The unit limit of ``_resource`` in JSON Schema: one clause per name-part length."""
-    return [
-        {
-            "if": {"required": ["name"], "properties": {"name": {"pattern": f"/.{{{n}}}$"}}},
-            "then": {"properties": {"units": {"maximum": max_units(n)}}},
-        }
-        for n in range(1, MAX_NAME_PART_CHARS + 1)
-    ]
 
 
 def is_glob(path: str) -> bool:

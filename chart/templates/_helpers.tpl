@@ -116,6 +116,7 @@ Name of the ConfigMap holding config.yaml.
 The daemon's configuration file, rendered from values.
 */}}
 {{- define "ate-devplugin.configYaml" -}}
+version: {{ include "ate-devplugin.configVersion" . }}
 resources:
 {{- range .Values.deviceConfig.resources }}
   - name: {{ .name | quote }}
