@@ -181,8 +181,11 @@ class Items:
     min_items: int = 0
     unique: bool = False
     description: str = ""
+    one_as_list: bool = False  # a single string stands for a list of one
 
     def check(self, raw: Any, where: str) -> list[Any]:
+        if self.one_as_list and isinstance(raw, str):
+            raw = [raw]
         if not isinstance(raw, list):
             raise ConfigError(where, "must be a list")
         if len(raw) < self.min_items:
@@ -208,6 +211,11 @@ class Items:
         if self.unique:
             out["uniqueItems"] = True
         out["items"] = self.item.schema()
+        if self.one_as_list:
+            description = out.pop("description", None)
+            out = {"anyOf": [self.item.schema(), out]}
+            if description:
+                out["description"] = description
         return out
 
 
@@ -357,6 +365,7 @@ RESOURCE = Record(
                 min_items=1,
                 unique=True,
                 description="Host device paths or globs under /dev; all matches are handed out together.",
+                one_as_list=True,
             ),
             required=True,
         ),

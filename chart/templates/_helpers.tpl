@@ -121,7 +121,7 @@ resources:
 {{- range .Values.deviceConfig.resources }}
   - name: {{ .name | quote }}
     devices:
-    {{- range .devices }}
+    {{- range (kindIs "string" .devices | ternary (list .devices) .devices) }}
       - {{ . | quote }}
     {{- end }}
     {{- if hasKey . "units" }}
