@@ -3,8 +3,8 @@
 
 - chart/values.schema.json: the ``deviceConfig`` node (every rule on one resource);
 - chart/templates/_deviceconfig.tpl: the rules no schema can say (units within the
-  message limit for the name's length, unique names and socket files, socket paths
-  that fit a unix socket address) and the format version.
+  message limit for the name's length and within the memory budget in all, unique names
+  and socket files, socket paths that fit a unix socket address) and the format version.
 
 ``--check`` writes nothing and exits 1 when the files differ from what would be written
 (tests/chart/test_config_contract.py runs it).
@@ -85,6 +85,13 @@ TEMPLATE_TEXT = """{{/* @GENERATED@ */}}
 {{- fail (printf "@SOCKET_PROBLEM@" $where (squote $path)) -}}
 {{- end -}}
 {{- end -}}
+{{- $total := 0.0 -}}
+{{- range .Values.deviceConfig.resources -}}
+{{- $total = addf $total (hasKey . "units" | ternary .units @DEFAULT_UNITS@) -}}
+{{- end -}}
+{{- if gt $total @MAX_TOTAL_UNITS@.0 -}}
+{{- fail (printf "@TOTAL_PROBLEM@" $total) -}}
+{{- end -}}
 {{- end -}}
 """
 
@@ -96,6 +103,10 @@ def template_text() -> str:
         "UNIT_LIMITS": " ".join(str(config.max_units(n)) for n in range(config.MAX_NAME_PART_CHARS + 1)),
         "UNITS_PROBLEM": "deviceConfig.resources[%d].units: %d units exceed the kubelet's 4 MiB message limit"
         " (at most %d for this name)",
+        "DEFAULT_UNITS": str(config.DEFAULT_UNITS),
+        "MAX_TOTAL_UNITS": str(config.MAX_TOTAL_UNITS),
+        "TOTAL_PROBLEM": f"deviceConfig.resources: %.0f units in all exceed {config.MAX_TOTAL_UNITS}"
+        " (memory: the chart's 128 Mi limit)",
         "SOCKET_CHARS": config.SOCKET_CHARS,
         "MAX_SOCKET_PATH": str(config.MAX_SOCKET_PATH),
         "SOCKET_PROBLEM": f"%s: socket path %s is longer than the {config.MAX_SOCKET_PATH}-byte unix socket limit",

@@ -31,9 +31,11 @@ DEFAULT_PERMISSIONS = "rw"
 # The kubelet accepts gRPC messages of at most 4 MiB: a ListAndWatch update carries every
 # unit of one resource, an Allocate answer every device, mount and env of one.
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-# Each resource costs about 0.5 MiB resident; 64 keep the daemon well inside the chart's
-# 128 Mi limit (about 50 MiB idle with one resource).
+# Memory, against the chart's 128 Mi limit: idle, one resource of 4096 units, 46 MiB
+# resident; each more resource about 0.43 MiB, each unit about 110 bytes. 64 resources
+# and 2^18 units in all (64 x 4096) measured 73 MiB.
 MAX_RESOURCES = 64
+MAX_TOTAL_UNITS = 64 * DEFAULT_UNITS
 # With these caps the largest Allocate answer is about 1.1 MB (tests/unit/test_config.py
 # builds it), and the env stays far below what execve accepts (ARG_MAX, 2 MiB).
 MAX_DEVICES = 64
@@ -468,8 +470,9 @@ def _resource(m: dict[str, Any], where: str) -> ResourceConfig:
 
 
 def check_across(resources: tuple[ResourceConfig, ...], plugin_dir: str | None = None) -> None:
-    """The rules across resources: unique names and socket files, and (given the plugin
-    directory) socket paths that fit a unix socket address."""
+    """The rules across resources: unique names and socket files, (given the plugin
+    directory) socket paths that fit a unix socket address, and units in all within the
+    memory budget."""
     seen: dict[str, int] = {}
     for i, r in enumerate(resources):
         for key in (r.name, r.socket_name):
@@ -483,6 +486,11 @@ def check_across(resources: tuple[ResourceConfig, ...], plugin_dir: str | None =
                     f"resources[{i}].name",
                     f"socket path {path!r} is longer than the {MAX_SOCKET_PATH}-byte unix socket limit",
                 )
+    total = sum(r.units for r in resources)
+    if total > MAX_TOTAL_UNITS:
+        raise ConfigError(
+            "resources", f"{total} units in all exceed {MAX_TOTAL_UNITS} (memory: the chart's 128 Mi limit)"
+        )
 
 
 def is_glob(path: str) -> bool:

@@ -26,4 +26,11 @@
 {{- fail (printf "%s: socket path %s is longer than the 107-byte unix socket limit" $where (squote $path)) -}}
 {{- end -}}
 {{- end -}}
+{{- $total := 0.0 -}}
+{{- range .Values.deviceConfig.resources -}}
+{{- $total = addf $total (hasKey . "units" | ternary .units 4096) -}}
+{{- end -}}
+{{- if gt $total 262144.0 -}}
+{{- fail (printf "deviceConfig.resources: %.0f units in all exceed 262144 (memory: the chart's 128 Mi limit)" $total) -}}
+{{- end -}}
 {{- end -}}

@@ -203,7 +203,7 @@ def test_config_map_holds_the_daemon_config(helm: Helm) -> None:
     (cm,) = _config_maps(helm.template())
     config = yaml.safe_load(cm["data"]["config.yaml"])
     kvm = {"name": "ate.dev/kvm", "devices": ["/dev/kvm"], "units": 4096, "permissions": "rw"}
-    assert config == {"resources": [kvm]}
+    assert config == {"version": 1, "resources": [kvm]}
 
 
 def test_existing_config_map_is_used(any_helm: Helm) -> None:

@@ -14,11 +14,11 @@ Each file in ``bad_configs/`` starts with ``# field: <the field the error must n
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from resource import RLIMIT_AS, prlimit
@@ -139,19 +139,34 @@ def test_configs_that_can_never_work_or_must_not_be_read_exit_2(
             assert len(err) < 400, f"{name}: the value is echoed: {len(err)} characters"
 
 
-def run_measured(argv: list[str], timeout: float = 60) -> tuple[int, str, float]:
-    """Exit code, stderr and peak resident memory (MiB) of one process, killed after
-    ``timeout`` (a process blocked on its input)."""
-    with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
-        killer = threading.Timer(timeout, proc.kill)
-        killer.start()
-        _, status, usage = os.wait4(proc.pid, 0)
-        killer.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        err.seek(0)
-        text = err.read().decode(errors="replace")
-    return proc.returncode, text, usage.ru_maxrss / 1024  # KiB
+# Runs the command in a fork of a small interpreter and reports its peak memory: measured
+# from pytest itself, a child's ru_maxrss would count the pytest process it forked from.
+_MEASURE = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+_, status, usage = os.wait4(pid, 0)
+sys.stderr.write(f"@peak-kib {usage.ru_maxrss}")
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def run_measured(args: list[str], timeout: float = 60) -> tuple[int, str, float]:
+    """Exit code, stderr and peak resident memory (MiB) of ``python -m ate_devplugin ARGS``,
+    killed after ``timeout`` (a process blocked on its input)."""
+    argv = [sys.executable, "-c", _MEASURE, "-m", "ate_devplugin", *args]
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"{args[:2]} still running after {timeout}s (blocked on its input?)")
+    text, _, peak = err.decode(errors="replace").rpartition("@peak-kib ")
+    return proc.returncode, text, int(peak) / 1024
 
 
 @pytest.mark.parametrize("case", ["yaml-alias-bomb", "fifo", "not-utf8", "missing"])
@@ -167,7 +182,7 @@ def test_a_real_process_exits_2_with_one_line_in_bounded_memory(
     args = ["check-config", str(path)] if command == "check-config" else ["run", "--config", str(path)]
     if command == "run":
         args += ["--plugin-dir", str(short_dir), "--metrics-address", f"127.0.0.1:{free_port()}"]
-    code, err, peak_mib = run_measured([sys.executable, "-m", "ate_devplugin", *args])
+    code, err, peak_mib = run_measured(args)
     assert code == 2, err
     assert len(err.splitlines()) == 1, err
     assert err.startswith("ate-devplugin: config error: "), err
