@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 from ate_devplugin import cli
 from ate_devplugin.config import ConfigError, check_across, resources_from_document
-from harness.chart import CHART, Helm, helm_path
+from harness.chart import CHART, Helm, helm_path, missing_tool
 from harness.daemon import MakeDaemon, free_port, wait_until
 from harness.devices import add_device_node, device_number, make_device_root, mknod_char
 from harness.faults import SpawnDaemon, log_matches
@@ -273,7 +273,7 @@ CHART_CASES: dict[str, tuple[dict[str, Any], str]] = {
 def test_helm_refuses_what_the_daemon_refuses(major: str, tmp_path: Path) -> None:
     path = helm_path(major)
     if path is None:
-        pytest.skip(f"helm {major} not built (tools/build-helm.sh)")
+        missing_tool(f"helm {major} (build/bin/helm-{major} or $HELM_{major.upper()})", "tools/build-helm.sh")
     helm = Helm(major, path)
     cases = {
         k: ([{"name": KVM, "devices": ["/dev/kvm"], **change}], words) for k, (change, words) in CHART_CASES.items()
