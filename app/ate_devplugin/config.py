@@ -4,8 +4,12 @@ The rules are data (``RESOURCE`` below): each knows how to check a value and how
 the same in JSON Schema, so the chart's ``values.schema.json`` for ``deviceConfig`` is
 generated from here (tools/gen-config-schema.py) and cannot drift. The rules a schema
 cannot say (units within the message limit for the name's length, unique names and
-socket files, the socket path length) are ``_resource`` and ``check_across``, generated
-into the chart's ``_deviceconfig.tpl``.
+socket files, the socket path length, units in all) are ``_resource`` and
+``check_across``, generated into the chart's ``_deviceconfig.tpl``.
+
+Reading is bounded (``read_config_file``: a regular file of at most 1 MiB, never a
+blocking open) and so is parsing (``decode_resources``: YAML aliases counted expanded);
+both block and are safe to run in a worker thread.
 
 Every problem becomes a ConfigError naming the field (e.g. ``resources[1].units``) and
 what is wrong with it, so the CLI can print one line and exit 2.
@@ -307,14 +311,10 @@ _NORMAL = "must be a normal path: no '.', '..' or empty parts, no trailing '/'"
 _LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
 
 
-def _path(under: str, problem: str, description: str) -> Text:
+def _path(description: str, under: str = "", problem: str = "") -> Text:
+    inside = (Pattern(rf"{under}/.*", problem),) if under else ()
     return Text(
-        (
-            _NO_CONTROL,
-            _ABSOLUTE,
-            Pattern(rf"{under}/.*", problem),
-            Pattern(rf"{under}(?:/{_SEGMENT})+", _NORMAL),
-        ),
+        (_NO_CONTROL, _ABSOLUTE, *inside, Pattern(rf"{under}(?:/{_SEGMENT})+", _NORMAL)),
         MAX_PATH_CHARS,
         description,
     )
@@ -350,10 +350,8 @@ _PERMISSIONS = Text(
 )
 _MOUNT = Record(
     {
-        "container_path": Field(
-            _path("", "must be an absolute path", "Path inside the consuming container."), required=True
-        ),
-        "host_path": Field(_path("", "must be an absolute path", "Path on the host."), required=True),
+        "container_path": Field(_path("Path inside the consuming container."), required=True),
+        "host_path": Field(_path("Path on the host."), required=True),
         "read_only": Field(Flag("Read-only bind mount (default true).")),
     }
 )
@@ -362,7 +360,7 @@ RESOURCE = Record(
         "name": Field(_NAME, required=True),
         "devices": Field(
             Items(
-                _path("/dev", "must name a node under /dev", ""),
+                _path("", "/dev", "must name a node under /dev"),
                 MAX_DEVICES,
                 min_items=1,
                 unique=True,
