@@ -1,8 +1,9 @@
 """Property-based fuzzing of the config parser (issue 6, "Bad input").
 
-Whatever the text, ``parse_resources`` either returns resources that satisfy every rule
-(checked here by an independent implementation of the rules) or raises ConfigError with
-a one-line message: never any other exception. Three sources of input: YAML-ish token
+Whatever the text, ``parse_resources`` either returns resources that keep the config's
+promises (checked here with the real message format, not by restating the rules:
+config.py is their only definition) or raises ConfigError with a one-line message:
+never any other exception. Three sources of input: YAML-ish token
 soup, random mutations of valid configs, and arbitrary unicode text.
 
 Deterministic in CI (derandomized, no example database); ``ATE_FUZZ_EXAMPLES`` raises
