@@ -7,7 +7,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ate_devplugin.config import DEFAULT_RESOURCES, ConfigError, ResourceConfig, decode_resources, load_resources
+from ate_devplugin.config import (
+    DEFAULT_RESOURCES,
+    ConfigError,
+    ResourceConfig,
+    check_across,
+    decode_resources,
+    read_config_file,
+)
 
 ENV_PREFIX = "ATE_DEVPLUGIN_"
 DEFAULTS = {
@@ -21,8 +28,6 @@ DEFAULTS = {
 LOG_FORMATS = ("auto", "json", "text")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 KUBELET_SOCKET = "kubelet.sock"
-# sun_path holds 108 bytes including the terminating NUL.
-MAX_SOCKET_PATH = 107
 
 
 @dataclass(frozen=True)
@@ -42,27 +47,19 @@ class Settings:
     def socket_path(self, resource: ResourceConfig) -> str:
         return os.path.join(self.plugin_dir, resource.socket_name)
 
-    def check_resources(self, resources: tuple[ResourceConfig, ...]) -> None:
-        """Checks what depends on both settings and resources (socket path lengths)."""
-        for i, r in enumerate(resources):
-            path = self.socket_path(r)
-            if len(os.fsencode(path)) > MAX_SOCKET_PATH:
-                raise ConfigError(
-                    f"resources[{i}].name",
-                    f"socket path {path!r} is longer than the {MAX_SOCKET_PATH}-byte unix socket limit",
-                )
-
     def load_resources(self) -> tuple[ResourceConfig, ...]:
-        resources = load_resources(self.config) if self.config else DEFAULT_RESOURCES
-        self.check_resources(resources)
-        return resources
+        """The configured resources, read and checked (blocking: bounded, never waits on I/O)."""
+        if not self.config:
+            check_across(DEFAULT_RESOURCES, self.plugin_dir)
+            return DEFAULT_RESOURCES
+        return self.resources_from(read_config_file(self.config))
 
     def resources_from(self, data: bytes | None) -> tuple[ResourceConfig, ...]:
         """The resources of config file content already read (None: it could not be read)."""
         if data is None:
             raise ConfigError(str(self.config), "cannot read")
-        resources = decode_resources(data)
-        self.check_resources(resources)
+        resources = decode_resources(data, str(self.config))
+        check_across(resources, self.plugin_dir)
         return resources
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from opentelemetry import context
 from opentelemetry.trace import SpanKind
 
-from ate_devplugin.config import ConfigError, ResourceConfig
+from ate_devplugin.config import ConfigError, ResourceConfig, read_config_file
 from ate_devplugin.devices import Discovery, discover, watch_dirs
 from ate_devplugin.inventory import HEALTHY, UNHEALTHY, ResourceState
 from ate_devplugin.metrics import Metrics
@@ -384,7 +384,8 @@ class Daemon:
 
 
 def _read(path: Path) -> bytes | None:
+    """Bounded and non-blocking: a FIFO, a device or a huge file is refused, not read."""
     try:
-        return path.read_bytes()
-    except OSError:
+        return read_config_file(path)
+    except ConfigError:
         return None

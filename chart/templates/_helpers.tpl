@@ -116,11 +116,12 @@ Name of the ConfigMap holding config.yaml.
 The daemon's configuration file, rendered from values.
 */}}
 {{- define "ate-devplugin.configYaml" -}}
+version: {{ include "ate-devplugin.configVersion" . }}
 resources:
 {{- range .Values.deviceConfig.resources }}
   - name: {{ .name | quote }}
     devices:
-    {{- range .devices }}
+    {{- range (kindIs "string" .devices | ternary (list .devices) .devices) }}
       - {{ . | quote }}
     {{- end }}
     {{- if hasKey . "units" }}

@@ -1,31 +1,10 @@
 {{/*
 Checks across values that values.schema.json cannot express with a clear
-message. Included once, from daemonset.yaml; renders nothing.
+message. Included once, from daemonset.yaml; renders nothing. The deviceConfig
+rules come from the daemon's model (_deviceconfig.tpl, generated).
 */}}
 {{- define "ate-devplugin.validate" -}}
-{{- $names := list -}}
-{{- range $i, $r := .Values.deviceConfig.resources -}}
-{{- $where := printf "deviceConfig.resources[%d]" $i -}}
-{{- if has $r.name $names -}}
-{{- fail (printf "%s.name %q is used twice: every resource name must be unique" $where $r.name) -}}
-{{- end -}}
-{{- $names = append $names $r.name -}}
-{{- if regexMatch "(^|\\.)kubernetes\\.io/" $r.name -}}
-{{- fail (printf "%s.name %q: the kubernetes.io domain is reserved for Kubernetes' own resources; use a domain of your own, e.g. ate.dev/kvm" $where $r.name) -}}
-{{- end -}}
-{{- range $r.devices -}}
-{{- if regexMatch "(^|/)\\.\\.(/|$)" . -}}
-{{- fail (printf "%s.devices: %q contains '..'; device paths must stay under /dev" $where .) -}}
-{{- end -}}
-{{- end -}}
-{{- range $m := $r.mounts -}}
-{{- range $k := list "container_path" "host_path" -}}
-{{- if regexMatch "(^|/)\\.\\.(/|$)" (index $m $k) -}}
-{{- fail (printf "%s.mounts: %s %q contains '..'" $where $k (index $m $k)) -}}
-{{- end -}}
-{{- end -}}
-{{- end -}}
-{{- end -}}
+{{- include "ate-devplugin.deviceConfigRules" . -}}
 {{- range $k, $v := .Values.hostPaths -}}
 {{- if regexMatch "(^|/)\\.\\.(/|$)" $v -}}
 {{- fail (printf "hostPaths.%s %q contains '..'; give the plain absolute path" $k $v) -}}

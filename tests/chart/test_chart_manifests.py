@@ -167,21 +167,31 @@ def test_downward_api_and_otel_env(helm: Helm, ci_values: Path) -> None:
         assert env["OTEL_SDK_DISABLED"]["value"] == "true"
 
 
-def test_config_change_rolls_pods(any_helm: Helm, write_values: Callable[[str], Path]) -> None:
+def test_a_config_change_rolls_pods_only_when_asked(any_helm: Helm, write_values: Callable[[str], Path]) -> None:
+    """Default: a new config changes the ConfigMap only, never the pod template (no
+    rollout: each daemon reloads the file live and keeps its last good config).
+    restartOnChange=true: the pod template follows the config's checksum."""
+    changed = "resources: [{name: ate.dev/kvm, devices: [/dev/kvm], units: 10}]"
+
+    def render(values: str) -> tuple[Manifest, Manifest]:
+        docs = any_helm.template([write_values(values)])
+        return one(docs, "DaemonSet"), _config_maps(docs)[0]
+
+    base_ds, base_cm = render("{}")
+    new_ds, new_cm = render(f"deviceConfig: {{{changed}}}")
+    assert new_cm["data"] != base_cm["data"]
+    assert new_ds == base_ds
+    assert "checksum/config" not in (base_ds["spec"]["template"]["metadata"].get("annotations") or {})
+
     def checksum(values: str) -> str | None:
-        ds = one(any_helm.template([write_values(values)]), "DaemonSet")
-        annotations = ds["spec"]["template"]["metadata"].get("annotations") or {}
-        value: str | None = annotations.get("checksum/config")
+        ds, _ = render(values)
+        value: str | None = (ds["spec"]["template"]["metadata"].get("annotations") or {}).get("checksum/config")
         return value
 
-    base = checksum("{}")
+    base = checksum("deviceConfig: {restartOnChange: true}")
     assert base
-    assert checksum("deviceConfig: {resources: [{name: ate.dev/kvm, devices: [/dev/kvm], units: 10}]}") not in {
-        None,
-        base,
-    }
-    assert checksum("daemon: {logLevel: debug}") == base
-    assert checksum("deviceConfig: {restartOnChange: false}") is None
+    assert checksum(f"deviceConfig: {{restartOnChange: true, {changed}}}") not in {None, base}
+    assert checksum("deviceConfig: {restartOnChange: true}\ndaemon: {logLevel: debug}") == base
 
 
 def _config_maps(docs: list[Manifest]) -> list[Manifest]:
@@ -193,7 +203,7 @@ def test_config_map_holds_the_daemon_config(helm: Helm) -> None:
     (cm,) = _config_maps(helm.template())
     config = yaml.safe_load(cm["data"]["config.yaml"])
     kvm = {"name": "ate.dev/kvm", "devices": ["/dev/kvm"], "units": 4096, "permissions": "rw"}
-    assert config == {"resources": [kvm]}
+    assert config == {"version": 1, "resources": [kvm]}
 
 
 def test_existing_config_map_is_used(any_helm: Helm) -> None:
