@@ -4,7 +4,7 @@ PYTHON ?= python3
 .PHONY: demo test lint unit setup-demo setup-test proto bench
 
 demo: setup-demo
-	$(PYTHON) tools/demo.py
+	$(PYTHON) -m tools.demo
 
 test: setup-test lint
 	KUBELET_BENCH_REQUIRED=1 CHART_TOOLS_REQUIRED=1 IMAGE_TOOLS_REQUIRED=1 $(PYTHON) -m pytest -p no:cacheprovider

@@ -26,9 +26,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from harness.daemon import DevicePluginDaemon, free_port
-from harness.devices import DeviceNumber, add_device_node
-from harness.kubelet import PLUGIN_DIR, GoStubPlugin, KubeletBench, Namespace
+from tests.harness.daemon import DevicePluginDaemon, free_port
+from tests.harness.devices import DeviceNumber, add_device_node
+from tests.harness.kubelet import PLUGIN_DIR, GoStubPlugin, KubeletBench, Namespace
 
 UNITS = 4096
 NULL = DeviceNumber(1, 3)  # every benchmark device node copies /dev/null's numbers

@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 
-from harness.daemon import DevicePluginDaemon, MakeDaemon
-from harness.devices import make_device_root
-from harness.faults import SpawnDaemon
-from harness.kubelet import (
+from tests.harness.daemon import DevicePluginDaemon, MakeDaemon
+from tests.harness.devices import make_device_root
+from tests.harness.faults import SpawnDaemon
+from tests.harness.kubelet import (
     KNOWN_VERSIONS,
     GoStubPlugin,
     KubeletBench,
@@ -37,7 +37,7 @@ from harness.kubelet import (
     bench_binary,
     missing_prerequisites,
 )
-from harness.outcome import CALL_FAILED, call_failed
+from tests.harness.outcome import CALL_FAILED, call_failed
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from harness.monitoring import RulesScenario, can_make_device_nodes, rules_scenario
-from harness.prometheus import binary_missing
+from tests.harness.monitoring import RulesScenario, can_make_device_nodes, rules_scenario
+from tests.harness.prometheus import binary_missing
 
 
 def require(why: str | None) -> None:

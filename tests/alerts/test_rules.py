@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.monitoring import RulesScenario
+from tests.harness.monitoring import RulesScenario
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "chart" / "files" / "alerts.yaml"

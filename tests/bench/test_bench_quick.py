@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from harness.kubelet import built_versions, missing_prerequisites
+from tests.harness.kubelet import built_versions, missing_prerequisites
 
 pytestmark = pytest.mark.kubelet
 

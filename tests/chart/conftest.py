@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.chart import (
+from tests.harness.chart import (
     CI_VALUES,
     HELM_MAJORS,
     MONITORING_KINDS,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.chart import CHART, CI_VALUES, NAMESPACE, Helm, by_kind, one
+from tests.harness.chart import CHART, CI_VALUES, NAMESPACE, Helm, by_kind, one
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")

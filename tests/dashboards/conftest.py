@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from harness.monitoring import FleetScenario, can_make_device_nodes, fleet_scenario
-from harness.prometheus import binary_missing
+from tests.harness.monitoring import FleetScenario, can_make_device_nodes, fleet_scenario
+from tests.harness.prometheus import binary_missing
 
 
 def require_live_stack() -> None:

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from harness.monitoring import RESOURCE, FleetScenario
-from harness.prometheus import Prometheus, PrometheusError
+from tests.harness.monitoring import RESOURCE, FleetScenario
+from tests.harness.prometheus import Prometheus, PrometheusError
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARDS = REPO / "dashboards"

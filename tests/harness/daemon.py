@@ -24,7 +24,7 @@ from typing import Any, Self
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.kubelet import PLUGIN_DIR, Namespace
+from tests.harness.kubelet import PLUGIN_DIR, Namespace
 
 
 def free_port() -> int:

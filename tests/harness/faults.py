@@ -25,8 +25,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from harness.daemon import DevicePluginDaemon
-from harness.kubelet import Namespace
+from tests.harness.daemon import DevicePluginDaemon
+from tests.harness.kubelet import Namespace
 
 SpawnDaemon = Callable[..., DevicePluginDaemon]
 

@@ -1,10 +1,10 @@
 """The daemon as a process, driven by a kubelet, scraped by a real Prometheus.
 
 Used by the dashboard and alert tests to put real series into a real Prometheus. The
-daemon runs as its own process (:mod:`harness.daemon`, the CLI an operator runs) with a
+daemon runs as its own process (:mod:`tests.harness.daemon`, the CLI an operator runs) with a
 ``kvm`` character device node under a temporary device root, one daemon per "node" (the
 ``node`` label Prometheus gives its target). The kubelet side is the kubelet's real
-device manager (:mod:`harness.kubelet`, the Go bench) in a private mount namespace.
+device manager (:mod:`tests.harness.kubelet`, the Go bench) in a private mount namespace.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import grpc
 
 from ate_devplugin.api.v1beta1 import api_pb2 as pb
 from ate_devplugin.api.v1beta1 import api_pb2_grpc
-from harness.daemon import DevicePluginDaemon, wait_until
-from harness.devices import make_device_root, remove_device_node
-from harness.kubelet import PLUGIN_DIR, KubeletBench, Namespace, built_versions, missing_prerequisites
-from harness.otlp import OtlpReceiver
-from harness.prometheus import Prometheus, PrometheusConfig, ScrapeTarget
+from tests.harness.daemon import DevicePluginDaemon, wait_until
+from tests.harness.devices import make_device_root, remove_device_node
+from tests.harness.kubelet import PLUGIN_DIR, KubeletBench, Namespace, built_versions, missing_prerequisites
+from tests.harness.otlp import OtlpReceiver
+from tests.harness.prometheus import Prometheus, PrometheusConfig, ScrapeTarget
 
 KVM = (10, 232)  # major, minor of /dev/kvm
 RESOURCE = "ate.dev/kvm"

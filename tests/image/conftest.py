@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.image import REPO, TEST_IMAGE, BuiltImage, WorkingContainer, buildah, missing_tool
+from tests.harness.image import REPO, TEST_IMAGE, BuiltImage, WorkingContainer, buildah, missing_tool
 
 
 @pytest.fixture(scope="session")

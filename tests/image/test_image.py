@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.devices import make_device_root
-from harness.image import REPO, BuiltImage, WorkingContainer, buildah
+from tests.harness.devices import make_device_root
+from tests.harness.image import REPO, BuiltImage, WorkingContainer, buildah
 
 DOCKERFILE = REPO / "Dockerfile"
 COMPILERS_AND_INSTALLERS = ("gcc", "cc", "c++", "g++", "clang", "ld", "as", "make", "pip", "pip3", "apt-get")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.daemon import MakeDaemon, sigkill, wait_until
-from harness.devices import add_device_node, remove_device_node
-from harness.kubelet import BenchError, DeviceSpec, KubeletBench, Namespace
+from tests.harness.daemon import MakeDaemon, sigkill, wait_until
+from tests.harness.devices import add_device_node, remove_device_node
+from tests.harness.kubelet import BenchError, DeviceSpec, KubeletBench, Namespace
 
 KVM = "ate.dev/kvm"
 UNITS = 4096

@@ -11,8 +11,8 @@ import urllib.request
 from prometheus_client import CollectorRegistry
 
 from ate_devplugin.httpserver import LOOP_DEADLINE_S, HttpServer
-from harness.daemon import MakeDaemon, wait_until
-from harness.kubelet import KubeletBench
+from tests.harness.daemon import MakeDaemon, wait_until
+from tests.harness.kubelet import KubeletBench
 
 KVM = "ate.dev/kvm"
 

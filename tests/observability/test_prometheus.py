@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.daemon import DevicePluginDaemon, MakeDaemon
-from harness.devices import add_device_node, remove_device_node
-from harness.kubelet import KubeletBench
-from harness.prometheus import Prometheus, PrometheusConfig, Sample, ScrapeTarget, binary_missing
+from tests.harness.daemon import DevicePluginDaemon, MakeDaemon
+from tests.harness.devices import add_device_node, remove_device_node
+from tests.harness.kubelet import KubeletBench
+from tests.harness.prometheus import Prometheus, PrometheusConfig, Sample, ScrapeTarget, binary_missing
 
 KVM = "ate.dev/kvm"
 SEL = f'resource_name="{KVM}",node="node-1"'

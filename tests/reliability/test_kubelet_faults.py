@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.daemon import DevicePluginDaemon, MakeDaemon, sigkill, wait_until
-from harness.devices import add_device_node, make_device_root, remove_device_node
-from harness.faults import (
+from tests.harness.daemon import DevicePluginDaemon, MakeDaemon, sigkill, wait_until
+from tests.harness.devices import add_device_node, make_device_root, remove_device_node
+from tests.harness.faults import (
     Footprint,
     SpawnDaemon,
     is_read_only,
@@ -23,7 +23,7 @@ from harness.faults import (
     soak,
     soak_seconds,
 )
-from harness.kubelet import PLUGIN_DIR, DeviceSpec, KubeletBench, Namespace
+from tests.harness.kubelet import PLUGIN_DIR, DeviceSpec, KubeletBench, Namespace
 
 KVM = "ate.dev/kvm"
 UNITS = 4096

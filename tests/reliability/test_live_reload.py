@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.daemon import DevicePluginDaemon, wait_until
-from harness.devices import add_device_node
-from harness.faults import ConfigMapDir, SpawnDaemon, log_matches
-from harness.kubelet import DeviceSpec, KubeletBench, Namespace
+from tests.harness.daemon import DevicePluginDaemon, wait_until
+from tests.harness.devices import add_device_node
+from tests.harness.faults import ConfigMapDir, SpawnDaemon, log_matches
+from tests.harness.kubelet import DeviceSpec, KubeletBench, Namespace
 
 KVM, TUN, VHOST = "ate.dev/kvm", "ate.dev/tun", "ate.dev/vhost"
 KVM_SOCKET, TUN_SOCKET, VHOST_SOCKET = "ate-ate-dev-kvm.sock", "ate-ate-dev-tun.sock", "ate-ate-dev-vhost.sock"
