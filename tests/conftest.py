@@ -3,8 +3,8 @@
 Kubelet bench (tests/harness/kubelet.py):
 
 * ``kubelet_version``: parametrizes a test over every pinned release ("1.35", "1.37").
-  A release whose bench binary is not built is skipped, or fails when
-  ``KUBELET_BENCH_REQUIRED=1`` (set that in CI after tools/build-kubelet-bench.sh).
+  A release whose bench binary is not built is skipped, or fails under CI
+  (tests/harness/require.py).
 * ``kubelet_ns``: a fresh private mount namespace (tmpfs over /var/lib).
 * ``kubelet``: a :class:`KubeletBench` of that release in that namespace, manager started.
 * ``go_stub``: factory starting the kubelet's Go stub device plugin in the namespace.
@@ -19,7 +19,6 @@ Logs of the bench, the stubs and the daemons are printed when a test fails.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,15 +28,9 @@ import pytest
 from tests.harness.daemon import DevicePluginDaemon, MakeDaemon
 from tests.harness.devices import make_device_root
 from tests.harness.faults import SpawnDaemon
-from tests.harness.kubelet import (
-    KNOWN_VERSIONS,
-    GoStubPlugin,
-    KubeletBench,
-    Namespace,
-    bench_binary,
-    missing_prerequisites,
-)
+from tests.harness.kubelet import KNOWN_VERSIONS, GoStubPlugin, KubeletBench, Namespace
 from tests.harness.outcome import CALL_FAILED, call_failed
+from tests.harness.require import require_kubelet_bench
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -51,14 +44,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 @pytest.fixture(params=KNOWN_VERSIONS, ids=[f"k8s{v}" for v in KNOWN_VERSIONS])
 def kubelet_version(request: pytest.FixtureRequest) -> str:
     version: str = request.param
-    why = missing_prerequisites()
-    if why:
-        pytest.skip(why)
-    if not os.access(bench_binary(version), os.X_OK):
-        msg = f"kubelet bench {version} not built: run tools/build-kubelet-bench.sh"
-        if os.environ.get("KUBELET_BENCH_REQUIRED", "") not in ("", "0"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+    require_kubelet_bench(version)
     return version
 
 

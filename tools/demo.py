@@ -19,9 +19,10 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from tests.harness.daemon import DevicePluginDaemon, wait_until
+from tests.harness.daemon import DevicePluginDaemon
 from tests.harness.devices import make_device_root
 from tests.harness.kubelet import KubeletBench, Namespace, built_versions, missing_prerequisites
+from tests.harness.wait import wait_until
 
 RESOURCE = "ate.dev/kvm"
 

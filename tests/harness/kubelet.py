@@ -47,6 +47,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
 
+from tests.harness.process import stop_process
+
 __all__ = [
     "CHECKPOINT_FILE",
     "KNOWN_VERSIONS",
@@ -187,20 +189,6 @@ class _JsonLineChannel:
             self._stdin.close()
 
 
-def _stop_process(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: float = 5.0) -> int | None:
-    """Send ``sig`` (if still running), wait, then SIGKILL; returns the exit code."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(sig)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            proc.wait(timeout=10)
-    return proc.returncode
-
-
 def _tail(path: Path | None, lines: int = 40) -> str:
     if path is None or not path.exists():
         return ""
@@ -271,9 +259,9 @@ class Namespace:
         with self._lock:
             children, self._children = self._children, []
         for proc in reversed(children):
-            _stop_process(proc, timeout=5)
+            stop_process(proc, timeout=5)
         if self._holder is not None:
-            _stop_process(self._holder, signal.SIGKILL)
+            stop_process(self._holder, signal.SIGKILL)
             self._holder = None
 
     def __enter__(self) -> Self:
@@ -346,16 +334,6 @@ class Namespace:
                 if _stat.S_ISSOCK(entry.lstat().st_mode):
                     out.append(entry.name)
         return sorted(out)
-
-    def wait_for_path(self, p: str, timeout: float = 10.0, exists: bool = True) -> float:
-        """Wait until namespace path ``p`` exists (or is gone); returns seconds waited."""
-        host = self.path(p)
-        begin = time.monotonic()
-        while host.exists() != exists:
-            if time.monotonic() - begin > timeout:
-                raise TimeoutError(f"{p} {'did not appear' if exists else 'still exists'} within {timeout}s")
-            time.sleep(0.005)
-        return time.monotonic() - begin
 
 
 def _sh_quote(s: str) -> str:
@@ -538,7 +516,7 @@ class KubeletBench:
         if self.alive and self._pending is None:
             with contextlib.suppress(BenchError, TimeoutError):
                 self._last_pods = self.pods()
-        _stop_process(self._proc, signal.SIGKILL)
+        stop_process(self._proc, signal.SIGKILL)
         if self._chan is not None:
             self._chan.close()
         self._proc, self._chan, self._pending = None, None, None
@@ -550,7 +528,7 @@ class KubeletBench:
         if self.alive and self._pending is None:
             with contextlib.suppress(BenchError, TimeoutError):
                 self.request("exit", timeout=10)
-        _stop_process(self._proc, signal.SIGTERM)
+        stop_process(self._proc, signal.SIGTERM)
         if self._chan is not None:
             self._chan.close()
         self._proc, self._chan, self._pending = None, None, None
@@ -709,9 +687,6 @@ class KubeletBench:
     def remove_pod(self, pod_uid: str) -> bool:
         """The pod terminated: drop it and free its devices. True if it was active."""
         return bool(self.request("remove_pod", pod_uid=pod_uid).get("was_active"))
-
-    def set_sources_ready(self, ready: bool) -> None:
-        self.request("set_sources_ready", ready=ready)
 
     def metrics(self) -> dict[str, Any]:
         """The kubelet's own metrics: ``{"registrations": {res: n}, "alloc_duration":
@@ -920,7 +895,7 @@ class GoStubPlugin:
             with contextlib.suppress(BenchError, TimeoutError):
                 assert self._chan is not None
                 self._chan.send({"cmd": "stop"})
-        rc = _stop_process(self._proc, signal.SIGTERM, timeout)
+        rc = stop_process(self._proc, signal.SIGTERM, timeout)
         if self._chan is not None:
             self._chan.close()
         self._proc, self._chan = None, None
@@ -930,7 +905,7 @@ class GoStubPlugin:
         """SIGKILL (plugin crash: the socket file stays behind)."""
         if self._proc is None:
             return
-        _stop_process(self._proc, signal.SIGKILL)
+        stop_process(self._proc, signal.SIGKILL)
         if self._chan is not None:
             self._chan.close()
         self._proc, self._chan = None, None

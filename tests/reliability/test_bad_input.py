@@ -20,10 +20,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.harness.daemon import MakeDaemon, free_port, wait_until
+from tests.harness.daemon import MakeDaemon
 from tests.harness.devices import add_device_node, device_number, make_device_root, mknod_char
 from tests.harness.faults import log_matches
 from tests.harness.kubelet import DeviceSpec, KubeletBench
+from tests.harness.net import free_port
+from tests.harness.wait import wait_until
 
 BAD_CONFIGS = Path(__file__).parent / "bad_configs"
 CORPUS = sorted(BAD_CONFIGS.glob("*.yaml"))

@@ -20,11 +20,12 @@ import grpc
 from ate_devplugin.api.v1beta1 import api_pb2 as pb
 from ate_devplugin.api.v1beta1 import api_pb2_grpc
 from ate_devplugin.registration import REGISTER_TIMEOUT_S
-from tests.harness.daemon import DevicePluginDaemon, MakeDaemon, wait_until
+from tests.harness.daemon import DevicePluginDaemon, MakeDaemon
 from tests.harness.devices import add_device_node, remove_device_node
 from tests.harness.faults import SilentPeer, log_matches, min_backoff_attempts, soak, soak_seconds
 from tests.harness.kubelet import KUBELET_SOCKET, PLUGIN_DIR, DeviceSpec, KubeletBench, Namespace
 from tests.harness.otlp import OtlpReceiver
+from tests.harness.wait import wait_until
 
 KVM = "ate.dev/kvm"
 UNITS = 4096

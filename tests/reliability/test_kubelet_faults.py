@@ -7,12 +7,13 @@ the counts the issue names (see docs/reliability.md for the results of such runs
 from __future__ import annotations
 
 import shutil
+import signal
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.harness.daemon import DevicePluginDaemon, MakeDaemon, sigkill, wait_until
+from tests.harness.daemon import DevicePluginDaemon, MakeDaemon
 from tests.harness.devices import add_device_node, make_device_root, remove_device_node
 from tests.harness.faults import (
     Footprint,
@@ -24,6 +25,7 @@ from tests.harness.faults import (
     soak_seconds,
 )
 from tests.harness.kubelet import PLUGIN_DIR, DeviceSpec, KubeletBench, Namespace
+from tests.harness.wait import wait_until
 
 KVM = "ate.dev/kvm"
 UNITS = 4096
@@ -43,9 +45,26 @@ def full(kubelet: KubeletBench, resource: str = KVM, units: int = UNITS, timeout
     kubelet.wait(resource, capacity=units, allocatable=units, timeout=timeout)
 
 
-def settle() -> None:
-    """Give a late, wrong update the chance to show before the final check."""
-    time.sleep(0.5)
+BARRIER = "ate.dev/barrier"
+BARRIER_RESOURCE = f"  - {{name: {BARRIER}, devices: [/dev/barrier], units: 1}}\n"
+
+
+def with_barrier(device_root: Path, resources: str) -> str:
+    """A config of ``resources`` plus a one-unit resource whose node :func:`barrier` removes."""
+    add_device_node(device_root, "barrier", "/dev/null")
+    return "resources:\n" + resources + BARRIER_RESOURCE
+
+
+def barrier(kubelet: KubeletBench, device_root: Path) -> None:
+    """A positive signal that the daemon has caught up with the filesystem.
+
+    The daemon reads the filesystem's state on every event. Once the kubelet sees the
+    barrier node's removal, the daemon has read the state after the last change of the
+    test: any event still queued reads the same state again, so no late, wrong update of
+    another resource can follow.
+    """
+    remove_device_node(device_root, "barrier")
+    kubelet.wait(BARRIER, capacity=1, allocatable=0, timeout=30)
 
 
 # --- kubelet restarts -----------------------------------------------------------------
@@ -102,7 +121,7 @@ def test_daemon_sigkilled_again_and_again(kubelet: KubeletBench, kubelet_ns: Nam
     full(kubelet)
     first = kubelet.allocate("pod-first", "vm", {KVM: 1}).device_ids
     for i in range(kills):
-        sigkill(d)
+        d.stop(signal.SIGKILL)
         assert SOCKET in kubelet_ns.sockets(), f"kill {i + 1}: the socket stays behind"
         kubelet.wait(KVM, capacity=UNITS, allocatable=0, timeout=30)
         d.start()  # binds over the stale socket
@@ -124,8 +143,9 @@ def test_device_node_flapping_ends_right(
     kubelet: KubeletBench, daemon: MakeDaemon, device_root: Path, end_present: bool
 ) -> None:
     flaps = soak(150, 500)
-    d = daemon()
+    d = daemon(with_barrier(device_root, "  - {name: ate.dev/kvm, devices: [/dev/kvm]}\n"))
     full(kubelet)
+    full(kubelet, BARRIER, 1)
     for _ in range(flaps):  # as fast as the file system goes: no waiting in between
         remove_device_node(device_root, "kvm")
         add_device_node(device_root, "kvm", "/dev/kvm")
@@ -133,7 +153,7 @@ def test_device_node_flapping_ends_right(
         remove_device_node(device_root, "kvm")
     expected = UNITS if end_present else 0
     kubelet.wait(KVM, capacity=UNITS, allocatable=expected, timeout=30)
-    settle()
+    barrier(kubelet, device_root)
     assert kubelet.capacity().of(KVM) == (UNITS, expected)
     assert d.metric("ate_devplugin_device_nodes_present", resource_name=KVM) == (1 if end_present else 0)
     assert d.metric("ate_devplugin_devices", resource_name=KVM, health="healthy") == expected
@@ -153,13 +173,14 @@ def test_device_directory_flapping_ends_right(kubelet: KubeletBench, daemon: Mak
     the daemon must move its watch to the new directory without missing the node."""
     flaps = soak(60, 500)
     add_device_node(device_root, "net/tun", "/dev/net/tun")
-    d = daemon("resources: [{name: ate.dev/tun, devices: [/dev/net/tun], units: 16}]\n")
+    d = daemon(with_barrier(device_root, "  - {name: ate.dev/tun, devices: [/dev/net/tun], units: 16}\n"))
     full(kubelet, "ate.dev/tun", 16)
+    full(kubelet, BARRIER, 1)
     for _ in range(flaps):
         shutil.rmtree(device_root / "net")
         add_device_node(device_root, "net/tun", "/dev/net/tun")  # makes the directory too
     kubelet.wait("ate.dev/tun", capacity=16, allocatable=16, timeout=10)
-    settle()
+    barrier(kubelet, device_root)
     assert kubelet.capacity().of("ate.dev/tun") == (16, 16)
     # And the watch really is on the new directory: a change there is still seen.
     remove_device_node(device_root, "net/tun")
