@@ -24,3 +24,15 @@ def wait_until(check: Callable[[], T], timeout: float, what: str | Callable[[], 
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what() if callable(what) else what}: not within {timeout}s")
         time.sleep(interval)
+
+
+def holds_for(check: Callable[[], object], seconds: float, what: str, interval: float = 0.25) -> None:
+    """Asserts that ``check`` stays true for ``seconds``: a state held through a fault of
+    that length (the fault's duration is the test's input, not a wait for a signal)."""
+    begin = time.monotonic()
+    while True:
+        elapsed = time.monotonic() - begin
+        assert check(), f"{what}: no longer so after {elapsed:.2f}s"
+        if elapsed >= seconds:
+            return
+        time.sleep(interval)

@@ -25,7 +25,7 @@ from tests.harness.devices import add_device_node, remove_device_node
 from tests.harness.faults import SilentPeer, log_matches, min_backoff_attempts, soak, soak_seconds
 from tests.harness.kubelet import KUBELET_SOCKET, PLUGIN_DIR, DeviceSpec, KubeletBench, Namespace
 from tests.harness.otlp import OtlpReceiver
-from tests.harness.wait import wait_until
+from tests.harness.wait import holds_for, wait_until
 
 KVM = "ate.dev/kvm"
 UNITS = 4096
@@ -74,10 +74,7 @@ def test_register_hanging_is_bounded_then_recovers(
     with SilentPeer(kubelet_ns.path(KUBELET_SOCKET), mode="hang") as peer:
         d = daemon()
         wait_until(lambda: peer.accepted >= 1, 10, "the daemon dialing the silent kubelet")
-        deadline = time.monotonic() + hang_for
-        while time.monotonic() < deadline:
-            assert not d.ready()
-            time.sleep(0.25)
+        holds_for(lambda: not d.ready(), hang_for, "unready while Register hangs")
         assert registrations(d, "success") == 0
         # Attempts are bounded by the Register deadline plus the backoff between them.
         most = int(hang_for // REGISTER_TIMEOUT_S) + 1
@@ -105,8 +102,7 @@ def test_register_refused_backs_off_then_recovers(
         d = daemon()
         begin = time.monotonic()
         wait_until(lambda: registrations(d, "unavailable") >= 2, 10, "two refused registrations")
-        time.sleep(max(0.0, refuse_for - (time.monotonic() - begin)))
-        assert not d.ready()
+        holds_for(lambda: not d.ready(), refuse_for - (time.monotonic() - begin), "unready while Register is refused")
         failed = sum(registrations(d, r) for r in RESULTS if r != "success")
         elapsed = time.monotonic() - begin
         assert 2 <= failed <= min_backoff_attempts(elapsed) + 1, (failed, elapsed)

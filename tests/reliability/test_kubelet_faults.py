@@ -25,7 +25,7 @@ from tests.harness.faults import (
     soak_seconds,
 )
 from tests.harness.kubelet import PLUGIN_DIR, DeviceSpec, KubeletBench, Namespace
-from tests.harness.wait import wait_until
+from tests.harness.wait import holds_for, wait_until
 
 KVM = "ate.dev/kvm"
 UNITS = 4096
@@ -200,10 +200,7 @@ def test_kubelet_absent_for_a_while_at_start(
 ) -> None:
     absent = soak_seconds(2.0, 30.0)
     d = daemon()
-    deadline = time.monotonic() + absent
-    while time.monotonic() < deadline:
-        assert not d.ready()
-        time.sleep(0.25)
+    holds_for(lambda: not d.ready(), absent, "unready while there is no kubelet")
     # Waiting for the socket is not hammering it: no attempt, one log line.
     attempts = sum(
         d.metric("ate_devplugin_registrations_total", resource_name=KVM, result=r)
@@ -241,10 +238,9 @@ def test_plugin_directory_missing_then_created(
     failures = 9
     wait_until(lambda: _serve_failures(d) >= failures, 30, f"{failures} failed attempts to serve")
     missing_for = soak_seconds(0.0, 30.0)
-    time.sleep(missing_for)
-    assert not d.ready()
-    assert d.proc is not None
-    assert d.proc.poll() is None
+    proc = d.proc
+    assert proc is not None
+    holds_for(lambda: not d.ready() and proc.poll() is None, missing_for, "running, unready, no plugin dir")
     assert not bare_ns.path("/var/lib/kubelet").exists()
     with KubeletBench(bare_ns, kubelet_version, log_dir=tmp_path / "logs") as kubelet:
         begin = time.monotonic()
@@ -269,10 +265,9 @@ def test_plugin_directory_read_only_then_writable(
     d = daemon()
     read_only_for = soak_seconds(1.5, 30.0)
     started = time.monotonic()
-    time.sleep(read_only_for)
-    assert not d.ready()
-    assert d.proc is not None
-    assert d.proc.poll() is None
+    proc = d.proc
+    assert proc is not None
+    holds_for(lambda: not d.ready() and proc.poll() is None, read_only_for, "running, unready, read-only dir")
     lines = d.log_lines()
     assert not log_matches(lines, "died"), "an agent died on a read-only directory"
     tries = _serve_failures(d)
