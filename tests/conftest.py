@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -29,7 +29,7 @@ from tests.harness.daemon import DevicePluginDaemon, MakeDaemon
 from tests.harness.devices import make_device_root
 from tests.harness.faults import SpawnDaemon
 from tests.harness.kubelet import KNOWN_VERSIONS, GoStubPlugin, KubeletBench, Namespace
-from tests.harness.outcome import CALL_FAILED, call_failed
+from tests.harness.outcome import CALL_FAILED, print_logs_if_failed
 from tests.harness.require import require_kubelet_bench
 
 
@@ -64,8 +64,30 @@ def kubelet(
         yield bench
     finally:
         bench.close()
-        if call_failed(request):
-            print(f"----- {bench.log_path} -----\n{bench.log_text()[-20000:]}")
+        print_logs_if_failed(request, [bench])
+
+
+Peer = TypeVar("Peer", GoStubPlugin, DevicePluginDaemon)
+
+
+def _made_in_test(
+    request: pytest.FixtureRequest, build: Callable[..., Peer], close: Callable[[Peer], object], tail: int
+) -> Iterator[Callable[..., Peer]]:
+    """The body of a factory fixture: ``build(n, *args, **kwargs)`` makes the n-th peer,
+    started unless ``start=False``; after the test each is closed, its log printed on failure."""
+    made: list[Peer] = []
+
+    def make(*args: Any, start: bool = True, **kwargs: Any) -> Peer:
+        peer = build(len(made), *args, **kwargs)
+        made.append(peer)
+        return peer.start() if start else peer
+
+    try:
+        yield make
+    finally:
+        for peer in made:
+            close(peer)
+        print_logs_if_failed(request, made, tail)
 
 
 @pytest.fixture
@@ -74,22 +96,11 @@ def go_stub(
 ) -> Iterator[Callable[..., GoStubPlugin]]:
     """``go_stub(resource, devices=N, **options)`` starts a registered Go stub plugin
     (options as for :class:`GoStubPlugin`; ``start=False`` only creates it)."""
-    stubs: list[GoStubPlugin] = []
 
-    def make(resource: str, *, start: bool = True, **options: Any) -> GoStubPlugin:
-        options.setdefault("log_dir", tmp_path / "logs")
-        stub = GoStubPlugin(kubelet_ns, kubelet_version, resource, **options)
-        stubs.append(stub)
-        return stub.start() if start else stub
+    def build(n: int, resource: str, **options: Any) -> GoStubPlugin:
+        return GoStubPlugin(kubelet_ns, kubelet_version, resource, **{"log_dir": tmp_path / "logs", **options})
 
-    try:
-        yield make
-    finally:
-        for stub in stubs:
-            stub.stop()
-        if call_failed(request):
-            for stub in stubs:
-                print(f"----- {stub.log_path} -----\n{stub.log_text()[-20000:]}")
+    yield from _made_in_test(request, build, GoStubPlugin.stop, tail=20000)
 
 
 @pytest.fixture
@@ -101,20 +112,11 @@ def device_root(tmp_path: Path) -> Path:
 def spawn_daemon(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[SpawnDaemon]:
     """``spawn_daemon(device_root, ns=..., config=None, env=None, args=(), start=True)``: our
     daemon anywhere; closed after the test, its log printed when the test failed."""
-    made: list[DevicePluginDaemon] = []
 
-    def make(device_root: Path, *, start: bool = True, **kwargs: Any) -> DevicePluginDaemon:
-        d = DevicePluginDaemon(device_root, tmp_path / f"daemon{len(made)}", **kwargs)
-        made.append(d)
-        return d.start() if start else d
+    def build(n: int, device_root: Path, **kwargs: Any) -> DevicePluginDaemon:
+        return DevicePluginDaemon(device_root, tmp_path / f"daemon{n}", **kwargs)
 
-    try:
-        yield make
-    finally:
-        for d in made:
-            d.close()
-            if call_failed(request):
-                print(f"----- {d.log_path} -----\n{d.log_text()[-6000:]}")
+    yield from _made_in_test(request, build, DevicePluginDaemon.close, tail=6000)
 
 
 @pytest.fixture

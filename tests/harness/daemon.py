@@ -103,6 +103,9 @@ class DevicePluginDaemon:
         assert self.proc is not None
         return stop_process(self.proc, sig, timeout)
 
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
     def close(self) -> None:
         if self.proc is not None:
             self.stop()

@@ -45,7 +45,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Self
+from typing import IO, Any, Self, TypedDict, Unpack
 
 from tests.harness.process import stop_process
 
@@ -129,6 +129,17 @@ class BenchError(RuntimeError):
 
 class WaitTimeoutError(BenchError, TimeoutError):
     """A :meth:`KubeletBench.wait` condition did not hold in time."""
+
+
+class WaitFor(TypedDict, total=False):
+    """What :meth:`KubeletBench.wait` waits for (at least one of the first three), how
+    long, and how often the bench polls."""
+
+    capacity: int | None
+    allocatable: int | None
+    present: bool | None
+    timeout: float  # default 10 s
+    interval: float  # default 1 ms
 
 
 # ---------------------------------------------------------------------------
@@ -698,47 +709,20 @@ class KubeletBench:
 
     # -- waiting --
 
-    def wait(
-        self,
-        resource: str,
-        *,
-        capacity: int | None = None,
-        allocatable: int | None = None,
-        present: bool | None = None,
-        timeout: float = 10.0,
-        interval: float = 0.001,
-    ) -> WaitResult:
+    def wait(self, resource: str, **conditions: Unpack[WaitFor]) -> WaitResult:
         """Poll GetCapacity inside the bench (every ``interval`` s) until ``resource`` has
         the given capacity / allocatable / presence. Raises :class:`WaitTimeoutError`."""
-        return self.begin_wait(
-            resource, capacity=capacity, allocatable=allocatable, present=present, timeout=timeout, interval=interval
-        ).result()
+        return self.begin_wait(resource, **conditions).result()
 
-    def begin_wait(
-        self,
-        resource: str,
-        *,
-        capacity: int | None = None,
-        allocatable: int | None = None,
-        present: bool | None = None,
-        timeout: float = 10.0,
-        interval: float = 0.001,
-    ) -> PendingWait:
+    def begin_wait(self, resource: str, **conditions: Unpack[WaitFor]) -> PendingWait:
         """Send a wait and return at once, so the test can trigger the event afterwards
         (e.g. restart a plugin) and then collect the timing with ``.result()``."""
-        if capacity is None and allocatable is None and present is None:
+        wanted = {k: conditions.get(k) for k in ("capacity", "allocatable", "present")}
+        if all(v is None for v in wanted.values()):
             raise ValueError("wait for at least one of capacity, allocatable, present")
-        self._send(
-            "wait",
-            {
-                "resource": resource,
-                "capacity": capacity,
-                "allocatable": allocatable,
-                "present": present,
-                "timeout_s": timeout,
-                "interval_s": interval,
-            },
-        )
+        timeout = conditions.get("timeout", 10.0)
+        interval = conditions.get("interval", 0.001)
+        self._send("wait", {"resource": resource, **wanted, "timeout_s": timeout, "interval_s": interval})
         pending = PendingWait(self, resource, timeout)
         self._pending = pending
         return pending

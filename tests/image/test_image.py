@@ -12,7 +12,7 @@ import signal
 import subprocess
 import time
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -178,13 +178,16 @@ def _daemon_args(port: int) -> list[str]:
     ]  # fmt: skip
 
 
-def _check_running_daemon(port: int, proc: subprocess.Popen[str], stop: Callable[[], None]) -> str:
+def _check_running_daemon(port: int, proc: subprocess.Popen[str]) -> str:
+    """Checks the daemon on ``port``, then SIGTERMs it, as the runtime does (to the daemon
+    itself: ``buildah run`` would SIGKILL it); returns its /proc status from before."""
     body = _wait_for_metrics(port, proc)
     assert re.search(r'^ate_devplugin_build_info\{.*version="' + re.escape(_project_version()), body, re.MULTILINE)
     assert 'ate_devplugin_device_nodes_present{resource_name="ate.dev/kvm"} 1.0' in body
     assert http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200
-    status = Path(f"/proc/{_daemon_pid(port)}/status").read_text()
-    stop()
+    pid = _daemon_pid(port)
+    status = Path(f"/proc/{pid}/status").read_text()
+    os.kill(pid, signal.SIGTERM)
     start = time.monotonic()
     out, err = proc.communicate(timeout=15)
     assert proc.returncode == 0, f"exit {proc.returncode} after SIGTERM:\n{out}\n{err}"
@@ -217,11 +220,7 @@ def test_daemon_in_buildah_run_without_capabilities(
     )  # fmt: skip
     reap.append(proc)
 
-    def stop() -> None:
-        # SIGTERM to the daemon itself, as the runtime does (buildah run would SIGKILL it).
-        os.kill(_daemon_pid(port), signal.SIGTERM)
-
-    status = _check_running_daemon(port, proc, stop)
+    status = _check_running_daemon(port, proc)
     assert re.search(r"^CapEff:\s+0+$", status, re.MULTILINE), status
     assert not list(host_dirs["plugins"].iterdir()), "sockets left behind after SIGTERM"
 
@@ -261,10 +260,7 @@ def test_daemon_with_read_only_root_as_the_chart_runs_it(
     )  # fmt: skip
     reap.append(proc)
 
-    def stop() -> None:
-        os.kill(_daemon_pid(port), signal.SIGTERM)
-
-    status = _check_running_daemon(port, proc, stop)
+    status = _check_running_daemon(port, proc)
     assert re.search(r"^CapEff:\s+0+$", status, re.MULTILINE), status
     assert re.search(r"^CapBnd:\s+0+$", status, re.MULTILINE), status
     assert re.search(r"^NoNewPrivs:\s+1$", status, re.MULTILINE), status

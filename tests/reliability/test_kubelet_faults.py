@@ -157,8 +157,7 @@ def test_device_node_flapping_ends_right(
     assert kubelet.capacity().of(KVM) == (UNITS, expected)
     assert d.metric("ate_devplugin_device_nodes_present", resource_name=KVM) == (1 if end_present else 0)
     assert d.metric("ate_devplugin_devices", resource_name=KVM, health="healthy") == expected
-    assert d.proc is not None
-    assert d.proc.poll() is None
+    assert d.running()
     assert d.metric("ate_devplugin_list_and_watch_streams", resource_name=KVM) == 1
     updates = d.metric("ate_devplugin_list_and_watch_updates_total", resource_name=KVM)
     print(f"{flaps} node flaps: {updates:.0f} updates sent, final allocatable {expected} as expected")
@@ -187,8 +186,7 @@ def test_device_directory_flapping_ends_right(kubelet: KubeletBench, daemon: Mak
     kubelet.wait("ate.dev/tun", capacity=16, allocatable=0, timeout=30)
     add_device_node(device_root, "net/tun", "/dev/net/tun")
     full(kubelet, "ate.dev/tun", 16)
-    assert d.proc is not None
-    assert d.proc.poll() is None
+    assert d.running()
     print(f"{flaps} directory flaps: final state right, watch follows the new directory")
 
 
@@ -238,9 +236,7 @@ def test_plugin_directory_missing_then_created(
     failures = 9
     wait_until(lambda: _serve_failures(d) >= failures, 30, f"{failures} failed attempts to serve")
     missing_for = soak_seconds(0.0, 30.0)
-    proc = d.proc
-    assert proc is not None
-    holds_for(lambda: not d.ready() and proc.poll() is None, missing_for, "running, unready, no plugin dir")
+    holds_for(lambda: not d.ready() and d.running(), missing_for, "running, unready, no plugin dir")
     assert not bare_ns.path("/var/lib/kubelet").exists()
     with KubeletBench(bare_ns, kubelet_version, log_dir=tmp_path / "logs") as kubelet:
         begin = time.monotonic()
@@ -265,9 +261,7 @@ def test_plugin_directory_read_only_then_writable(
     d = daemon()
     read_only_for = soak_seconds(1.5, 30.0)
     started = time.monotonic()
-    proc = d.proc
-    assert proc is not None
-    holds_for(lambda: not d.ready() and proc.poll() is None, read_only_for, "running, unready, read-only dir")
+    holds_for(lambda: not d.ready() and d.running(), read_only_for, "running, unready, read-only dir")
     lines = d.log_lines()
     assert not log_matches(lines, "died"), "an agent died on a read-only directory"
     tries = _serve_failures(d)

@@ -106,18 +106,26 @@ def watch_kubelet_until(
     return samples
 
 
-@pytest.mark.parametrize("style", EDITS)
-def test_reload_adds_removes_and_leaves_the_rest_untouched(
+@pytest.fixture(params=EDITS)
+def serving(
+    request: pytest.FixtureRequest,
     kubelet: KubeletBench,
     kubelet_ns: Namespace,
     spawn_daemon: SpawnDaemon,
     devices: Path,
     tmp_path: Path,
-    style: str,
-) -> None:
-    d, config = start(spawn_daemon, kubelet_ns, devices, tmp_path, style)
+) -> tuple[DevicePluginDaemon, ConfigFile]:
+    """The daemon serving BEFORE, its config file to be edited each way in EDITS."""
+    d, config = start(spawn_daemon, kubelet_ns, devices, tmp_path, request.param)
     kubelet.wait(KVM, capacity=64, allocatable=64, timeout=30)
     kubelet.wait(TUN, capacity=8, allocatable=8, timeout=30)
+    return d, config
+
+
+def test_reload_adds_removes_and_leaves_the_rest_untouched(
+    kubelet: KubeletBench, kubelet_ns: Namespace, serving: tuple[DevicePluginDaemon, ConfigFile]
+) -> None:
+    d, config = serving
     held = kubelet.allocate("pod-a", "vm", {KVM: 1}).device_ids
     kvm_socket = kubelet_ns.path(f"/var/lib/kubelet/device-plugins/{KVM_SOCKET}").stat().st_ino
     config.write(AFTER)
@@ -152,18 +160,10 @@ def test_reload_adds_removes_and_leaves_the_rest_untouched(
     assert d.metric("ate_devplugin_registrations_total", resource_name=VHOST, result="success") == 1
 
 
-@pytest.mark.parametrize("style", EDITS)
 def test_invalid_new_config_is_rejected_once_and_the_running_one_stays(
-    kubelet: KubeletBench,
-    kubelet_ns: Namespace,
-    spawn_daemon: SpawnDaemon,
-    devices: Path,
-    tmp_path: Path,
-    style: str,
+    kubelet: KubeletBench, serving: tuple[DevicePluginDaemon, ConfigFile]
 ) -> None:
-    d, config = start(spawn_daemon, kubelet_ns, devices, tmp_path, style)
-    kubelet.wait(KVM, capacity=64, allocatable=64, timeout=30)
-    kubelet.wait(TUN, capacity=8, allocatable=8, timeout=30)
+    d, config = serving
     config.write(INVALID)
     wait_until(lambda: reloads(d, "failure") >= 1, 10, "the reload to be rejected")
     assert reloads(d, "success") == 0
