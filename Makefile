@@ -2,7 +2,7 @@
 PYTHON ?= python3
 # Branch-coverage floors, in percent of app/ate_devplugin (generated api/ aside): the whole
 # suite with the daemons it starts (test), and the unit tests alone, unprivileged (unit-nonroot).
-COVERAGE_FLOOR ?= 65
+COVERAGE_FLOOR ?= 95
 UNIT_COVERAGE_FLOOR ?= 63
 # unit-nonroot runs as nobody, who cannot run an interpreter under /root (pyenv): it gets
 # its own venv from Debian's python3.
