@@ -28,6 +28,8 @@ unit:
 # The unit tests as an unprivileged user (nobody), with a private HOME and tmp. CI is unset
 # there: what needs root (one real-mknod test) is skipped, and run by `make test` as root.
 unit-nonroot: $(NONROOT_VENV)/.installed
+	@setpriv --reuid=65534 --regid=65534 --clear-groups test -r pyproject.toml || \
+		{ echo "unit-nonroot: user nobody cannot read $(CURDIR): use a world-readable checkout" >&2; exit 1; }
 	tmp=$$(mktemp -d) && chown 65534:65534 "$$tmp" && \
 	setpriv --reuid=65534 --regid=65534 --clear-groups \
 		env -u CI -u PYTHONPATH HOME="$$tmp" TMPDIR="$$tmp" PATH="$(CURDIR)/$(NONROOT_VENV)/bin:$$PATH" \
