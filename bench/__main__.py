@@ -26,7 +26,7 @@ from typing import Any
 
 from bench import machine, report
 from bench.suite import FULL, QUICK, run_suite
-from harness.kubelet import bench_binary, built_versions, missing_prerequisites
+from tests.harness.kubelet import bench_binary, built_versions, missing_prerequisites
 
 REPO = Path(__file__).resolve().parents[1]
 

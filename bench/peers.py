@@ -19,16 +19,17 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from harness.daemon import DevicePluginDaemon, free_port
-from harness.devices import DeviceNumber, add_device_node
-from harness.kubelet import PLUGIN_DIR, GoStubPlugin, KubeletBench, Namespace
+from tests.harness.daemon import DevicePluginDaemon
+from tests.harness.devices import DeviceNumber, add_device_node
+from tests.harness.kubelet import PLUGIN_DIR, GoStubPlugin, KubeletBench, Namespace
+from tests.harness.net import free_port
+from tests.harness.process import stop_process
 
 UNITS = 4096
 NULL = DeviceNumber(1, 3)  # every benchmark device node copies /dev/null's numbers
@@ -129,24 +130,11 @@ class OurDaemon(Plugin):
             self.daemon.env["OTEL_SERVICE_NAME"] = "ate-devplugin-bench"
 
     def spawn(self) -> None:
-        d = self.daemon
-        d.port = free_port()
-        with d.log_path.open("ab") as log:
-            d.proc = self.ns.spawn(d.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=d.env)
+        self.daemon.port = free_port()
+        self.daemon.spawn()
 
     def started(self) -> None:
-        d = self.daemon
-        deadline = time.monotonic() + 30
-        while True:
-            if d.proc is None or d.proc.poll() is not None:
-                rc = d.proc.returncode if d.proc is not None else None
-                raise RuntimeError(f"daemon exited with {rc}:\n{d.log_text()[-4000:]}")
-            with contextlib.suppress(OSError):
-                if d.get("/healthz")[0] == 200:
-                    return
-            if time.monotonic() > deadline:
-                raise TimeoutError("daemon /healthz did not answer within 30s")
-            time.sleep(0.02)
+        self.daemon.wait_healthy()
 
     def stop(self) -> None:
         if self.daemon.proc is not None and self.daemon.proc.poll() is None:
@@ -258,13 +246,8 @@ class BarePeer:
 
     def stop(self) -> None:
         for proc in (self.client, self.proc):
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
+            if proc is not None:
+                stop_process(proc)
 
 
 class Env:

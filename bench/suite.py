@@ -35,8 +35,8 @@ from typing import Any
 from bench import procstat
 from bench.peers import UNITS, BarePeer, Env, GoStub, OurDaemon
 from bench.stats import summary_ms
-from harness.kubelet import Namespace
-from harness.otlp import OtlpReceiver
+from tests.harness.kubelet import Namespace
+from tests.harness.otlp import OtlpReceiver
 
 log = logging.getLogger("bench")
 

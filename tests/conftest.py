@@ -3,8 +3,8 @@
 Kubelet bench (tests/harness/kubelet.py):
 
 * ``kubelet_version``: parametrizes a test over every pinned release ("1.35", "1.37").
-  A release whose bench binary is not built is skipped, or fails when
-  ``KUBELET_BENCH_REQUIRED=1`` (set that in CI after tools/build-kubelet-bench.sh).
+  A release whose bench binary is not built is skipped, or fails under CI
+  (tests/harness/require.py).
 * ``kubelet_ns``: a fresh private mount namespace (tmpfs over /var/lib).
 * ``kubelet``: a :class:`KubeletBench` of that release in that namespace, manager started.
 * ``go_stub``: factory starting the kubelet's Go stub device plugin in the namespace.
@@ -19,25 +19,18 @@ Logs of the bench, the stubs and the daemons are printed when a test fails.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
-from harness.daemon import DevicePluginDaemon, MakeDaemon
-from harness.devices import make_device_root
-from harness.faults import SpawnDaemon
-from harness.kubelet import (
-    KNOWN_VERSIONS,
-    GoStubPlugin,
-    KubeletBench,
-    Namespace,
-    bench_binary,
-    missing_prerequisites,
-)
-from harness.outcome import CALL_FAILED, call_failed
+from tests.harness.daemon import DevicePluginDaemon, MakeDaemon
+from tests.harness.devices import make_device_root
+from tests.harness.faults import SpawnDaemon
+from tests.harness.kubelet import KNOWN_VERSIONS, GoStubPlugin, KubeletBench, Namespace
+from tests.harness.outcome import CALL_FAILED, print_logs_if_failed
+from tests.harness.require import require_kubelet_bench
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -51,14 +44,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 @pytest.fixture(params=KNOWN_VERSIONS, ids=[f"k8s{v}" for v in KNOWN_VERSIONS])
 def kubelet_version(request: pytest.FixtureRequest) -> str:
     version: str = request.param
-    why = missing_prerequisites()
-    if why:
-        pytest.skip(why)
-    if not os.access(bench_binary(version), os.X_OK):
-        msg = f"kubelet bench {version} not built: run tools/build-kubelet-bench.sh"
-        if os.environ.get("KUBELET_BENCH_REQUIRED", "") not in ("", "0"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+    require_kubelet_bench(version)
     return version
 
 
@@ -78,8 +64,30 @@ def kubelet(
         yield bench
     finally:
         bench.close()
-        if call_failed(request):
-            print(f"----- {bench.log_path} -----\n{bench.log_text()[-20000:]}")
+        print_logs_if_failed(request, [bench])
+
+
+Peer = TypeVar("Peer", GoStubPlugin, DevicePluginDaemon)
+
+
+def _made_in_test(
+    request: pytest.FixtureRequest, build: Callable[..., Peer], close: Callable[[Peer], object], tail: int
+) -> Iterator[Callable[..., Peer]]:
+    """The body of a factory fixture: ``build(n, *args, **kwargs)`` makes the n-th peer,
+    started unless ``start=False``; after the test each is closed, its log printed on failure."""
+    made: list[Peer] = []
+
+    def make(*args: Any, start: bool = True, **kwargs: Any) -> Peer:
+        peer = build(len(made), *args, **kwargs)
+        made.append(peer)
+        return peer.start() if start else peer
+
+    try:
+        yield make
+    finally:
+        for peer in made:
+            close(peer)
+        print_logs_if_failed(request, made, tail)
 
 
 @pytest.fixture
@@ -88,22 +96,11 @@ def go_stub(
 ) -> Iterator[Callable[..., GoStubPlugin]]:
     """``go_stub(resource, devices=N, **options)`` starts a registered Go stub plugin
     (options as for :class:`GoStubPlugin`; ``start=False`` only creates it)."""
-    stubs: list[GoStubPlugin] = []
 
-    def make(resource: str, *, start: bool = True, **options: Any) -> GoStubPlugin:
-        options.setdefault("log_dir", tmp_path / "logs")
-        stub = GoStubPlugin(kubelet_ns, kubelet_version, resource, **options)
-        stubs.append(stub)
-        return stub.start() if start else stub
+    def build(n: int, resource: str, **options: Any) -> GoStubPlugin:
+        return GoStubPlugin(kubelet_ns, kubelet_version, resource, **{"log_dir": tmp_path / "logs", **options})
 
-    try:
-        yield make
-    finally:
-        for stub in stubs:
-            stub.stop()
-        if call_failed(request):
-            for stub in stubs:
-                print(f"----- {stub.log_path} -----\n{stub.log_text()[-20000:]}")
+    yield from _made_in_test(request, build, GoStubPlugin.stop, tail=20000)
 
 
 @pytest.fixture
@@ -115,20 +112,11 @@ def device_root(tmp_path: Path) -> Path:
 def spawn_daemon(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[SpawnDaemon]:
     """``spawn_daemon(device_root, ns=..., config=None, env=None, args=(), start=True)``: our
     daemon anywhere; closed after the test, its log printed when the test failed."""
-    made: list[DevicePluginDaemon] = []
 
-    def make(device_root: Path, *, start: bool = True, **kwargs: Any) -> DevicePluginDaemon:
-        d = DevicePluginDaemon(device_root, tmp_path / f"daemon{len(made)}", **kwargs)
-        made.append(d)
-        return d.start() if start else d
+    def build(n: int, device_root: Path, **kwargs: Any) -> DevicePluginDaemon:
+        return DevicePluginDaemon(device_root, tmp_path / f"daemon{n}", **kwargs)
 
-    try:
-        yield make
-    finally:
-        for d in made:
-            d.close()
-            if call_failed(request):
-                print(f"----- {d.log_path} -----\n{d.log_text()[-6000:]}")
+    yield from _made_in_test(request, build, DevicePluginDaemon.close, tail=6000)
 
 
 @pytest.fixture

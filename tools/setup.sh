@@ -10,8 +10,9 @@ what=${1:-test}
 apt_packages=(util-linux)
 if [ "$what" = test ]; then
   # prometheus (server + promtool) for the metrics, alert and dashboard tests; buildah,
-  # podman and debootstrap to build and run the image without a Docker engine.
-  apt_packages+=(prometheus buildah podman debootstrap)
+  # podman and debootstrap to build and run the image without a Docker engine; python3-venv
+  # for the unprivileged unit-test run (make unit-nonroot).
+  apt_packages+=(prometheus buildah podman debootstrap python3-venv)
 fi
 missing=()
 for p in "${apt_packages[@]}"; do
@@ -24,10 +25,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# Every Python dependency of the tests, bench and tools is in pyproject's dev extra.
 python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -e ".[dev]"
 
 tools/build-kubelet-bench.sh
 if [ "$what" = test ]; then
-  # Chart and image tools: kubernetes-validate, hadolint, jsonschema, checkov (own venv), helm v3 and v4.
+  # Chart tools outside the dev extra: checkov (own venv), helm v3 and v4.
   tools/install-test-tools.sh --no-apt
 fi

@@ -4,6 +4,9 @@ Paths in the configuration are host paths (``/dev/kvm``); the device root is whe
 host's ``/dev`` is visible to us (``/dev`` on the host, ``/host/dev`` in the chart).
 Symlinks are resolved inside the root, as the host would see them, and a node that
 resolves outside the root is ignored: the daemon never hands out what it cannot vouch for.
+
+Everything here reads the filesystem through a :class:`FileSystem` port (default: the
+``os`` module), so that the unit tests run unprivileged on an in-memory tree of nodes.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import Protocol
 
 from ate_devplugin.config import ResourceConfig, is_glob
 
@@ -21,6 +25,22 @@ log = logging.getLogger(__name__)
 
 HOST_DEV = PurePosixPath("/dev")
 _MAX_SYMLINKS = 40
+
+
+class Stat(Protocol):
+    @property
+    def st_mode(self) -> int: ...
+    @property
+    def st_rdev(self) -> int: ...
+
+
+class FileSystem(Protocol):
+    """What discovery reads; the ``os`` module is one."""
+
+    def lstat(self, path: str) -> Stat: ...
+    def stat(self, path: str) -> Stat: ...
+    def readlink(self, path: str) -> str: ...
+    def listdir(self, path: str) -> list[str]: ...
 
 
 @dataclass(frozen=True, order=True)
@@ -42,7 +62,7 @@ class EscapesRootError(Exception):
     pass
 
 
-def resolve_in_root(root: str, host_path: str) -> str | None:
+def resolve_in_root(root: str, host_path: str, fs: FileSystem = os) -> str | None:
     """The real path under ``root`` of ``host_path`` (a path under /dev), or None if absent.
 
     Symlinks are followed as if ``root`` were the host's /dev: absolute targets are
@@ -63,7 +83,7 @@ def resolve_in_root(root: str, host_path: str) -> str | None:
             continue
         candidate = os.path.join(root, *resolved, part)
         try:
-            st = os.lstat(candidate)
+            st = fs.lstat(candidate)
         except FileNotFoundError:
             return None
         except NotADirectoryError:
@@ -72,7 +92,7 @@ def resolve_in_root(root: str, host_path: str) -> str | None:
             hops += 1
             if hops > _MAX_SYMLINKS:
                 raise EscapesRootError(host_path)
-            target = PurePosixPath(os.readlink(candidate))
+            target = PurePosixPath(fs.readlink(candidate))
             if target.is_absolute():
                 try:
                     rel = target.relative_to(HOST_DEV)
@@ -87,16 +107,16 @@ def resolve_in_root(root: str, host_path: str) -> str | None:
     return os.path.join(root, *resolved)
 
 
-def _char_device(root: str, host_path: str) -> DeviceNode | None:
+def _char_device(root: str, host_path: str, fs: FileSystem) -> DeviceNode | None:
     try:
-        real = resolve_in_root(root, host_path)
+        real = resolve_in_root(root, host_path, fs)
     except EscapesRootError:
         log.warning("ignoring %s: it resolves outside the device root %s", host_path, root)
         return None
     if real is None:
         return None
     try:
-        st = os.stat(real)
+        st = fs.stat(real)
     except OSError:
         return None
     if not stat.S_ISCHR(st.st_mode):
@@ -105,7 +125,7 @@ def _char_device(root: str, host_path: str) -> DeviceNode | None:
     return DeviceNode(host_path, os.major(st.st_rdev), os.minor(st.st_rdev))
 
 
-def _expand(root: str, pattern: str) -> list[str]:
+def _expand(root: str, pattern: str, fs: FileSystem) -> list[str]:
     """Host paths under /dev matching a glob, walking only the directories it names."""
     matches = [str(HOST_DEV)]
     for part in PurePosixPath(pattern).relative_to(HOST_DEV).parts:
@@ -115,13 +135,13 @@ def _expand(root: str, pattern: str) -> list[str]:
                 next_matches.append(f"{base}/{part}")
                 continue
             try:
-                real = resolve_in_root(root, base)
+                real = resolve_in_root(root, base, fs)
             except EscapesRootError:
                 continue
             if real is None:
                 continue
             try:
-                names = sorted(os.listdir(real))
+                names = sorted(fs.listdir(real))
             except OSError:
                 continue
             next_matches.extend(f"{base}/{n}" for n in fnmatch.filter(names, part) if not n.startswith("."))
@@ -129,17 +149,18 @@ def _expand(root: str, pattern: str) -> list[str]:
     return matches
 
 
-def discover(resource: ResourceConfig, root: str) -> Discovery:
+def discover(resource: ResourceConfig, root: str, fs: FileSystem = os) -> Discovery:
     nodes: dict[str, DeviceNode] = {}
     complete = True
     for path in resource.devices:
-        found = [n for p in (_expand(root, path) if is_glob(path) else [path]) if (n := _char_device(root, p))]
+        paths = _expand(root, path, fs) if is_glob(path) else [path]
+        found = [n for p in paths if (n := _char_device(root, p, fs))]
         complete = complete and bool(found)
         nodes.update((n.host_path, n) for n in found)
     return Discovery(nodes=tuple(sorted(nodes.values())), complete=complete)
 
 
-def watch_dirs(resource: ResourceConfig, root: str) -> set[str]:
+def watch_dirs(resource: ResourceConfig, root: str, fs: FileSystem = os) -> set[str]:
     """Directories under the root whose events can change this resource's discovery.
 
     Every existing directory from the root down each configured path, so that a parent
@@ -151,8 +172,16 @@ def watch_dirs(resource: ResourceConfig, root: str) -> set[str]:
         current = root
         for part in PurePosixPath(path).parent.relative_to(HOST_DEV).parts:
             nxt = os.path.join(current, part)
-            if is_glob(part) or not os.path.isdir(nxt) or os.path.islink(nxt):
+            if is_glob(part) or not _is_real_dir(nxt, fs):
                 break
             dirs.add(nxt)
             current = nxt
     return dirs
+
+
+def _is_real_dir(path: str, fs: FileSystem) -> bool:
+    """A directory, not a symlink to one."""
+    try:
+        return stat.S_ISDIR(fs.lstat(path).st_mode)
+    except OSError:
+        return False

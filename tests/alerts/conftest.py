@@ -5,30 +5,24 @@ chart/files/alerts.yaml. Needs Debian's ``prometheus`` (server and promtool) and
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 
-from harness.monitoring import RulesScenario, can_make_device_nodes, rules_scenario
-from harness.prometheus import binary_missing
-
-
-def require(why: str | None) -> None:
-    if why:
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
+from tests.harness.devices import can_mknod
+from tests.harness.monitoring import RulesScenario, rules_scenario
+from tests.harness.prometheus import INSTALL
+from tests.harness.require import require, require_tool
 
 
 @pytest.fixture
 def promtool() -> str:
-    require(binary_missing("promtool"))
-    return "promtool"
+    return require_tool("promtool", INSTALL)
 
 
 @pytest.fixture(scope="module")
 def live_rules(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RulesScenario]:
-    require(binary_missing("prometheus") or (None if can_make_device_nodes() else "cannot mknod (root?)"))
+    require_tool("prometheus", INSTALL)
+    require(can_mknod(), "cannot mknod a device node (root?)")
     with rules_scenario(tmp_path_factory.mktemp("alerts")) as scenario:
         yield scenario

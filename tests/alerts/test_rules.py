@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from harness.monitoring import RulesScenario
+from tests.harness.monitoring import RulesScenario
+from tests.harness.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "chart" / "files" / "alerts.yaml"
@@ -106,14 +106,12 @@ def alert_states(live: RulesScenario) -> dict[str, list[dict[str, Any]]]:
 
 
 def wait_for_alert(live: RulesScenario, name: str, state: str, timeout: float = 120.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = [a for a in alert_states(live).get(name, []) if a["state"] == state]
-        if found:
-            return found[0]
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{name} not {state} after {timeout}s: {alert_states(live)}")
-        time.sleep(0.5)
+    def found() -> dict[str, Any] | None:
+        return next((a for a in alert_states(live).get(name, []) if a["state"] == state), None)
+
+    alert = wait_until(found, timeout, lambda: f"{name} {state}; alerts {alert_states(live)}", interval=0.5)
+    assert alert is not None
+    return alert
 
 
 def test_rules_are_healthy_on_real_series(live_rules: RulesScenario) -> None:

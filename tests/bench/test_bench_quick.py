@@ -8,7 +8,6 @@ machine is shared and a test must not fail on a noisy clock.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from harness.kubelet import built_versions, missing_prerequisites
+from tests.harness.kubelet import built_versions
+from tests.harness.require import require_kubelet_bench
 
 pytestmark = pytest.mark.kubelet
 
@@ -45,14 +45,7 @@ EXPECTED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
-    why = missing_prerequisites()
-    if why:
-        pytest.skip(why)
-    if not built_versions():
-        msg = "kubelet bench not built: run tools/build-kubelet-bench.sh"
-        if os.environ.get("KUBELET_BENCH_REQUIRED", "") not in ("", "0"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+    require_kubelet_bench()
     out = tmp_path_factory.mktemp("bench")
     markdown = out / "benchmarks.md"
     proc = subprocess.run(

@@ -2,14 +2,13 @@
 the prometheus-operator CRD schemas.
 
 Tools and where they are looked for (a missing one skips its tests with the install
-command in the reason; ``CHART_TOOLS_REQUIRED=1``, set in CI, turns those skips into
-failures):
+command in the reason; under ``CI=true`` it fails instead, see tests/harness/require.py):
 
 * helm v3 / v4: ``$HELM_V3`` / ``$HELM_V4``, else ``build/bin/helm-v3`` / ``build/bin/helm-v4``
   (``tools/build-helm.sh``, from the Go module in tools/helm).
 * checkov: ``$CHECKOV``, else ``build/checkov-venv/bin/checkov``, else ``checkov`` on PATH
   (``tools/install-test-tools.sh`` puts it in its own venv: its pins clash with ours).
-* kubernetes-validate: the Python package (``pip install kubernetes-validate``).
+* kubernetes-validate: the Python package (the dev extra: ``pip install -e ".[dev]"``).
 * go: the prometheus-operator module (CRD YAMLs) comes through the Go module proxy.
 """
 
@@ -26,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.chart import (
+from tests.harness.chart import (
     CI_VALUES,
     HELM_MAJORS,
     MONITORING_KINDS,
@@ -36,8 +35,8 @@ from harness.chart import (
     Helm,
     Manifest,
     helm_path,
-    missing_tool,
 )
+from tests.harness.require import missing_tool
 
 
 @pytest.fixture(scope="session")
@@ -78,7 +77,7 @@ def k8s_validate() -> Callable[[Manifest, str], None]:
     try:
         import kubernetes_validate  # type: ignore[import-untyped]  # ships no py.typed marker
     except ImportError:
-        missing_tool("the kubernetes-validate Python package", "pip install kubernetes-validate")
+        missing_tool("the kubernetes-validate Python package", 'pip install -e ".[dev]"')
 
     def validate(manifest: Manifest, version: str) -> None:
         kubernetes_validate.validate(manifest, version, strict=True)

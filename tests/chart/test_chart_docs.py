@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.chart import CHART, Helm, by_kind, one
+from tests.harness.chart import CHART, Helm, by_kind, one
 
 # Documented as a whole, not key by key.
 WHOLE = {

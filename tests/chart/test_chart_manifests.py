@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 import yaml
 
-from harness.chart import CI_VALUES, REPO, Helm, Manifest, by_kind, one, supported_k8s_versions
+from tests.harness.chart import CI_VALUES, REPO, Helm, Manifest, by_kind, one, supported_k8s_versions
 
 K8S_VERSIONS = supported_k8s_versions()
 EXAMPLE_POD = REPO / "docs" / "examples" / "kvm-consumer-pod.yaml"

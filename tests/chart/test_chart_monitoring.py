@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.chart import CHART, REPO, Helm, Manifest, by_kind, one
+from tests.harness.chart import CHART, REPO, Helm, Manifest, by_kind, one
 
 MONITORS = {"ServiceMonitor": "serviceMonitor", "PodMonitor": "podMonitor", "PrometheusRule": "prometheusRule"}
 NODE_RELABEL = {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node", "action": "replace"}

@@ -7,10 +7,10 @@ import re
 import tarfile
 from pathlib import Path
 
-import pytest
 import yaml
 
-from harness.chart import CHART, CI_VALUES, NAMESPACE, Helm, by_kind, one
+from tests.harness.chart import CHART, CI_VALUES, NAMESPACE, Helm, by_kind, one
+from tests.harness.require import require
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -81,8 +81,7 @@ def test_ci_files_cover_every_toggle() -> None:
 
 
 def test_v3_and_v4_render_the_same(helms: dict[str, Helm], ci_values: Path) -> None:
-    if len(helms) < 2:
-        pytest.skip("needs both helm v3 and v4 (tools/build-helm.sh)")
+    require(len(helms) == 2, "needs both helm v3 and v4 (tools/build-helm.sh)")
     v3, v4 = helms["v3"].template([ci_values]), helms["v4"].template([ci_values])
     key = lambda d: (d["kind"], d["metadata"]["name"])  # noqa: E731
     assert sorted(v3, key=key) == sorted(v4, key=key)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.chart import CHART, Helm, HelmError
+from tests.harness.chart import CHART, Helm, HelmError
 
 # (id, values YAML, fragments the error must contain)
 BAD_VALUES: list[tuple[str, str, list[str]]] = [

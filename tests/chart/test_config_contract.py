@@ -22,7 +22,7 @@ import yaml
 
 from ate_devplugin import config
 from ate_devplugin.config import ConfigError, check_across, decode_resources, resources_from_document
-from harness.chart import CHART, NAMESPACE, RELEASE, REPO, Helm
+from tests.harness.chart import CHART, NAMESPACE, RELEASE, REPO, Helm
 
 PLUGIN_DIR = "/var/lib/kubelet/device-plugins"  # the chart's default hostPaths.devicePlugins
 SCHEMA_ERROR = "values don't meet the specifications of the schema"

@@ -8,26 +8,20 @@ the test is skipped locally and fails under CI=true.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 
-from harness.monitoring import FleetScenario, can_make_device_nodes, fleet_scenario
-from harness.prometheus import binary_missing
-
-
-def require_live_stack() -> None:
-    why = binary_missing("prometheus") or (None if can_make_device_nodes() else "cannot mknod a device node (root?)")
-    if why:
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
+from tests.harness.devices import can_mknod
+from tests.harness.monitoring import FleetScenario, fleet_scenario
+from tests.harness.prometheus import INSTALL
+from tests.harness.require import require, require_tool
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetScenario]:
-    require_live_stack()
+    require_tool("prometheus", INSTALL)
+    require(can_mknod(), "cannot mknod a device node (root?)")
     with fleet_scenario(tmp_path_factory.mktemp("fleet")) as scenario:
         print(f"fleet scenario driven by the {scenario.driver_kind}")
         yield scenario

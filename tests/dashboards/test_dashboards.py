@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from harness.monitoring import RESOURCE, FleetScenario
-from harness.prometheus import Prometheus, PrometheusError
+from tests.harness.monitoring import RESOURCE, FleetScenario
+from tests.harness.prometheus import Prometheus, PrometheusError
+from tests.harness.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARDS = REPO / "dashboards"
@@ -291,10 +292,8 @@ def test_latency_exemplars_carry_trace_ids_that_were_exported(fleet: FleetScenar
     ids = {e.labels.get("trace_id") for e in exemplars}
     assert exemplars, "no exemplars stored for the Allocate histogram"
     assert None not in ids, exemplars
-    deadline = time.monotonic() + 60
-    while not ids <= fleet.trace_ids() and time.monotonic() < deadline:
-        time.sleep(0.5)  # spans are exported in batches
-    assert ids <= fleet.trace_ids(), "an exemplar's trace id never reached the OTLP receiver"
+    # Spans are exported in batches.
+    wait_until(lambda: ids <= fleet.trace_ids(), 60, "every exemplar's trace id at the OTLP receiver", 0.5)
 
 
 def test_runbook_names_real_panels() -> None:

@@ -7,9 +7,8 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,14 +28,6 @@ MONITORING_KINDS = {
 }
 
 Manifest = dict[str, Any]
-
-
-def missing_tool(what: str, install: str) -> NoReturn:
-    """Skip (locally) or fail (CHART_TOOLS_REQUIRED=1) for a tool that is not installed."""
-    message = f"{what} not found; install with: {install}"
-    if os.environ.get("CHART_TOOLS_REQUIRED") == "1":
-        pytest.fail(message + " (CHART_TOOLS_REQUIRED=1)")
-    pytest.skip(message)
 
 
 def helm_path(major: str) -> Path | None:

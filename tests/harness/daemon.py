@@ -11,12 +11,8 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -24,22 +20,10 @@ from typing import Any, Self
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness.kubelet import PLUGIN_DIR, Namespace
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str, interval: float = 0.02) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout}s")
-        time.sleep(interval)
+from tests.harness.kubelet import PLUGIN_DIR, Namespace
+from tests.harness.net import free_port, http_get
+from tests.harness.process import stop_process
+from tests.harness.wait import wait_until
 
 
 class DevicePluginDaemon:
@@ -97,31 +81,34 @@ class DevicePluginDaemon:
             argv += ["--config", str(self.config_path)]
         return argv
 
-    def start(self) -> Self:
+    def spawn(self) -> None:
+        """Starts the process and returns at once (see :meth:`wait_healthy`)."""
         self.starts += 1
         with self.log_path.open("ab") as log:
             log.write(f'{{"msg": "=== test harness: start #{self.starts} ==="}}\n'.encode())
             log.flush()
             kwargs: dict[str, Any] = {"stdin": subprocess.DEVNULL, "stdout": log, "stderr": log, "env": self.env}
             self.proc = self.ns.spawn(self.argv, **kwargs) if self.ns else subprocess.Popen(self.argv, **kwargs)
-        wait_until(self._answers, 30, "daemon /healthz")
+
+    def wait_healthy(self, timeout: float = 30) -> None:
+        wait_until(self._answers, timeout, "daemon /healthz")
+
+    def start(self) -> Self:
+        self.spawn()
+        self.wait_healthy()
         return self
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
-        """Sends ``sig`` and returns the exit code (SIGKILL after ``timeout``)."""
+        """Sends ``sig`` and returns the exit code (SIGKILL after ``timeout``: then -9)."""
         assert self.proc is not None
-        self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise
+        return stop_process(self.proc, sig, timeout)
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.stop()
+        if self.proc is not None:
+            self.stop()
 
     def __enter__(self) -> Self:
         return self.start()
@@ -132,12 +119,7 @@ class DevicePluginDaemon:
     # --- what an operator reads -------------------------------------------------
 
     def get(self, path: str, headers: Mapping[str, str] | None = None) -> tuple[int, bytes]:
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", headers=dict(headers or {}))
-        try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                return response.status, response.read()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read()
+        return http_get(f"http://127.0.0.1:{self.port}{path}", headers)
 
     def _answers(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:
@@ -179,9 +161,3 @@ class DevicePluginDaemon:
 
 
 MakeDaemon = Callable[..., DevicePluginDaemon]
-
-
-def sigkill(daemon: DevicePluginDaemon) -> None:
-    assert daemon.proc is not None
-    daemon.proc.send_signal(signal.SIGKILL)
-    daemon.proc.wait(10)

@@ -9,12 +9,15 @@ device behind it.
     root = make_device_root(tmp_path / "dev", {"kvm": "/dev/kvm", "null": "/dev/null"})
     remove_device_node(root, "kvm")        # unplug
     add_device_node(root, "kvm", "/dev/kvm")   # plug back in
+
+:func:`can_mknod` tells whether this process may make nodes at all (CAP_MKNOD: root).
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +25,7 @@ from pathlib import Path
 __all__ = [
     "DeviceNumber",
     "add_device_node",
+    "can_mknod",
     "device_number",
     "make_device_root",
     "mknod_char",
@@ -83,6 +87,16 @@ def mknod_char(path: str | os.PathLike[str], number: DeviceNumber, mode: int = 0
     os.mknod(p, stat.S_IFCHR | mode, number.rdev)
     os.chmod(p, mode)  # mknod applies the umask
     return p
+
+
+def can_mknod() -> bool:
+    """Whether this process may create character device nodes (CAP_MKNOD: root, in CI too)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            mknod_char(os.path.join(tmp, "probe"), WELL_KNOWN["/dev/null"])
+        except PermissionError:
+            return False
+    return True
 
 
 def add_device_node(

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -25,8 +24,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from harness.daemon import DevicePluginDaemon
-from harness.kubelet import Namespace
+from tests.harness.daemon import DevicePluginDaemon
+from tests.harness.kubelet import Namespace
 
 SpawnDaemon = Callable[..., DevicePluginDaemon]
 
@@ -150,10 +149,6 @@ class SilentPeer:
             except OSError:
                 return
 
-    def open_connections(self) -> int:
-        with self._lock:
-            return sum(1 for c in self._conns if c.fileno() != -1)
-
     def stop(self) -> None:
         self._stopped.set()
         with contextlib.suppress(OSError):
@@ -237,10 +232,6 @@ def is_read_only(ns: Namespace, path: str) -> bool:
     probe = f"{path}/.ate-rw-probe"
     result = ns.run(["sh", "-c", f"touch {probe} && rm -f {probe}"], capture_output=True, timeout=30)
     return result.returncode != 0
-
-
-def run_quietly(argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 def log_matches(lines: list[dict[str, object]], words: str, level: str | None = None) -> list[dict[str, object]]:

@@ -6,21 +6,12 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
-
-import pytest
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 # One tag per test session, so that two runs side by side never remove each other's image.
 TEST_IMAGE = f"localhost/ate-devplugin:test-{os.getpid()}"
 STORAGE = ["--storage-driver", "vfs"]
-
-
-def missing_tool(what: str, install: str) -> NoReturn:
-    message = f"{what} not found; install with: {install}"
-    if os.environ.get("IMAGE_TOOLS_REQUIRED") == "1":
-        pytest.fail(message + " (IMAGE_TOOLS_REQUIRED=1)")
-    pytest.skip(message)
 
 
 def buildah(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:

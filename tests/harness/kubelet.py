@@ -45,7 +45,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Self
+from typing import IO, Any, Self, TypedDict, Unpack
+
+from tests.harness.process import stop_process
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -129,6 +131,17 @@ class WaitTimeoutError(BenchError, TimeoutError):
     """A :meth:`KubeletBench.wait` condition did not hold in time."""
 
 
+class WaitFor(TypedDict, total=False):
+    """What :meth:`KubeletBench.wait` waits for (at least one of the first three), how
+    long, and how often the bench polls."""
+
+    capacity: int | None
+    allocatable: int | None
+    present: bool | None
+    timeout: float  # default 10 s
+    interval: float  # default 1 ms
+
+
 # ---------------------------------------------------------------------------
 # JSON lines over a child's stdin/stdout
 
@@ -185,20 +198,6 @@ class _JsonLineChannel:
     def close(self) -> None:
         with contextlib.suppress(OSError, ValueError):
             self._stdin.close()
-
-
-def _stop_process(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: float = 5.0) -> int | None:
-    """Send ``sig`` (if still running), wait, then SIGKILL; returns the exit code."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(sig)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            proc.wait(timeout=10)
-    return proc.returncode
 
 
 def _tail(path: Path | None, lines: int = 40) -> str:
@@ -271,9 +270,9 @@ class Namespace:
         with self._lock:
             children, self._children = self._children, []
         for proc in reversed(children):
-            _stop_process(proc, timeout=5)
+            stop_process(proc, timeout=5)
         if self._holder is not None:
-            _stop_process(self._holder, signal.SIGKILL)
+            stop_process(self._holder, signal.SIGKILL)
             self._holder = None
 
     def __enter__(self) -> Self:
@@ -346,16 +345,6 @@ class Namespace:
                 if _stat.S_ISSOCK(entry.lstat().st_mode):
                     out.append(entry.name)
         return sorted(out)
-
-    def wait_for_path(self, p: str, timeout: float = 10.0, exists: bool = True) -> float:
-        """Wait until namespace path ``p`` exists (or is gone); returns seconds waited."""
-        host = self.path(p)
-        begin = time.monotonic()
-        while host.exists() != exists:
-            if time.monotonic() - begin > timeout:
-                raise TimeoutError(f"{p} {'did not appear' if exists else 'still exists'} within {timeout}s")
-            time.sleep(0.005)
-        return time.monotonic() - begin
 
 
 def _sh_quote(s: str) -> str:
@@ -538,7 +527,7 @@ class KubeletBench:
         if self.alive and self._pending is None:
             with contextlib.suppress(BenchError, TimeoutError):
                 self._last_pods = self.pods()
-        _stop_process(self._proc, signal.SIGKILL)
+        stop_process(self._proc, signal.SIGKILL)
         if self._chan is not None:
             self._chan.close()
         self._proc, self._chan, self._pending = None, None, None
@@ -550,7 +539,7 @@ class KubeletBench:
         if self.alive and self._pending is None:
             with contextlib.suppress(BenchError, TimeoutError):
                 self.request("exit", timeout=10)
-        _stop_process(self._proc, signal.SIGTERM)
+        stop_process(self._proc, signal.SIGTERM)
         if self._chan is not None:
             self._chan.close()
         self._proc, self._chan, self._pending = None, None, None
@@ -710,9 +699,6 @@ class KubeletBench:
         """The pod terminated: drop it and free its devices. True if it was active."""
         return bool(self.request("remove_pod", pod_uid=pod_uid).get("was_active"))
 
-    def set_sources_ready(self, ready: bool) -> None:
-        self.request("set_sources_ready", ready=ready)
-
     def metrics(self) -> dict[str, Any]:
         """The kubelet's own metrics: ``{"registrations": {res: n}, "alloc_duration":
         {res: {"count": n, "sum": s}}}`` (kubelet_device_plugin_registration_total and
@@ -723,47 +709,20 @@ class KubeletBench:
 
     # -- waiting --
 
-    def wait(
-        self,
-        resource: str,
-        *,
-        capacity: int | None = None,
-        allocatable: int | None = None,
-        present: bool | None = None,
-        timeout: float = 10.0,
-        interval: float = 0.001,
-    ) -> WaitResult:
+    def wait(self, resource: str, **conditions: Unpack[WaitFor]) -> WaitResult:
         """Poll GetCapacity inside the bench (every ``interval`` s) until ``resource`` has
         the given capacity / allocatable / presence. Raises :class:`WaitTimeoutError`."""
-        return self.begin_wait(
-            resource, capacity=capacity, allocatable=allocatable, present=present, timeout=timeout, interval=interval
-        ).result()
+        return self.begin_wait(resource, **conditions).result()
 
-    def begin_wait(
-        self,
-        resource: str,
-        *,
-        capacity: int | None = None,
-        allocatable: int | None = None,
-        present: bool | None = None,
-        timeout: float = 10.0,
-        interval: float = 0.001,
-    ) -> PendingWait:
+    def begin_wait(self, resource: str, **conditions: Unpack[WaitFor]) -> PendingWait:
         """Send a wait and return at once, so the test can trigger the event afterwards
         (e.g. restart a plugin) and then collect the timing with ``.result()``."""
-        if capacity is None and allocatable is None and present is None:
+        wanted = {k: conditions.get(k) for k in ("capacity", "allocatable", "present")}
+        if all(v is None for v in wanted.values()):
             raise ValueError("wait for at least one of capacity, allocatable, present")
-        self._send(
-            "wait",
-            {
-                "resource": resource,
-                "capacity": capacity,
-                "allocatable": allocatable,
-                "present": present,
-                "timeout_s": timeout,
-                "interval_s": interval,
-            },
-        )
+        timeout = conditions.get("timeout", 10.0)
+        interval = conditions.get("interval", 0.001)
+        self._send("wait", {"resource": resource, **wanted, "timeout_s": timeout, "interval_s": interval})
         pending = PendingWait(self, resource, timeout)
         self._pending = pending
         return pending
@@ -920,7 +879,7 @@ class GoStubPlugin:
             with contextlib.suppress(BenchError, TimeoutError):
                 assert self._chan is not None
                 self._chan.send({"cmd": "stop"})
-        rc = _stop_process(self._proc, signal.SIGTERM, timeout)
+        rc = stop_process(self._proc, signal.SIGTERM, timeout)
         if self._chan is not None:
             self._chan.close()
         self._proc, self._chan = None, None
@@ -930,7 +889,7 @@ class GoStubPlugin:
         """SIGKILL (plugin crash: the socket file stays behind)."""
         if self._proc is None:
             return
-        _stop_process(self._proc, signal.SIGKILL)
+        stop_process(self._proc, signal.SIGKILL)
         if self._chan is not None:
             self._chan.close()
         self._proc, self._chan = None, None

@@ -1,18 +1,15 @@
 """The daemon as a process, driven by a kubelet, scraped by a real Prometheus.
 
 Used by the dashboard and alert tests to put real series into a real Prometheus. The
-daemon runs as its own process (:mod:`harness.daemon`, the CLI an operator runs) with a
+daemon runs as its own process (:mod:`tests.harness.daemon`, the CLI an operator runs) with a
 ``kvm`` character device node under a temporary device root, one daemon per "node" (the
 ``node`` label Prometheus gives its target). The kubelet side is the kubelet's real
-device manager (:mod:`harness.kubelet`, the Go bench) in a private mount namespace.
+device manager (:mod:`tests.harness.kubelet`, the Go bench) in a private mount namespace.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import stat
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,28 +20,18 @@ import grpc
 
 from ate_devplugin.api.v1beta1 import api_pb2 as pb
 from ate_devplugin.api.v1beta1 import api_pb2_grpc
-from harness.daemon import DevicePluginDaemon, wait_until
-from harness.devices import make_device_root, remove_device_node
-from harness.kubelet import PLUGIN_DIR, KubeletBench, Namespace, built_versions, missing_prerequisites
-from harness.otlp import OtlpReceiver
-from harness.prometheus import Prometheus, PrometheusConfig, ScrapeTarget
+from tests.harness.daemon import DevicePluginDaemon
+from tests.harness.devices import make_device_root, remove_device_node
+from tests.harness.kubelet import PLUGIN_DIR, KubeletBench, Namespace, built_versions, missing_prerequisites
+from tests.harness.otlp import OtlpReceiver
+from tests.harness.prometheus import Prometheus, PrometheusConfig, ScrapeTarget
+from tests.harness.wait import wait_until
 
-KVM = (10, 232)  # major, minor of /dev/kvm
 RESOURCE = "ate.dev/kvm"
 SOCKET_NAME = "ate-ate-dev-kvm.sock"
 REPO = Path(__file__).resolve().parents[2]
 ALERTS_FILE = REPO / "chart" / "files" / "alerts.yaml"
 KVM_CONFIG = f"resources:\n  - name: {RESOURCE}\n    devices: [/dev/kvm]\n"
-
-
-def can_make_device_nodes() -> bool:
-    """Creating a character device node needs CAP_MKNOD (root here and in CI)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            os.mknod(os.path.join(tmp, "probe"), 0o600 | stat.S_IFCHR, os.makedev(*KVM))
-        except PermissionError:
-            return False
-    return True
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -69,14 +56,6 @@ class DevicePluginClient:
         request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=list(device_ids))])
         with self._stub() as stub:
             return stub.Allocate(request, timeout=30)
-
-    def preferred_allocation(self, available: Sequence[str], size: int) -> Any:
-        creq = pb.ContainerPreferredAllocationRequest(available_deviceIDs=list(available), allocation_size=size)
-        with self._stub() as stub:
-            return stub.GetPreferredAllocation(pb.PreferredAllocationRequest(container_requests=[creq]), timeout=30)
-
-
-# --- kubelet drivers ---------------------------------------------------------------
 
 
 class BenchDriver:

@@ -17,7 +17,6 @@ import ctypes
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -30,10 +29,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from tests.harness.net import LOOPBACK, free_port, http_get
+from tests.harness.process import stop_process
+from tests.harness.wait import wait_until
+
 DEFAULT_JOB = "ate-devplugin"
 _PR_SET_PDEATHSIG = 1
-# Loopback only: never route the harness's requests through a proxy from the environment.
-LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+INSTALL = "apt-get install -y --no-install-recommends prometheus"
 
 
 class PrometheusError(Exception):
@@ -112,20 +114,6 @@ class PrometheusConfig:
         }
 
 
-def binary_missing(name: str) -> str | None:
-    """Why ``name`` cannot run here, or None; for tests to skip (or fail in CI) on."""
-    if shutil.which(name) is None:
-        return f"{name} not found on PATH: apt-get install -y --no-install-recommends prometheus"
-    return None
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def die_with_parent() -> None:
     """In the child before exec: get SIGKILL if the test process dies without cleaning up.
 
@@ -171,7 +159,7 @@ class Prometheus:
     def start(self) -> None:
         exe = shutil.which(self.binary)
         if exe is None:
-            raise PrometheusError(f"{self.binary} not found on PATH; apt-get install -y prometheus")
+            raise PrometheusError(f"{self.binary} not found on PATH; {INSTALL}")
         # YAML is a superset of JSON, so the rendered dict is written as JSON.
         self.config_file.write_text(json.dumps(self.config.render(), indent=2))
         last = ""
@@ -207,20 +195,20 @@ class Prometheus:
                 cwd=self.workdir,
                 preexec_fn=die_with_parent,  # only prctl, no locks taken
             )
-        deadline = time.monotonic() + self.START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                self._process = None
-                return False
-            try:
-                with LOOPBACK.open(f"{self.url}/-/ready", timeout=5) as resp:
-                    if resp.status == 200:
-                        return True
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.2)
-        self._terminate()
-        return False
+
+        def ready() -> bool:
+            if self._process is None or self._process.poll() is not None:
+                raise PrometheusError("exited")
+            with contextlib.suppress(OSError):
+                return http_get(f"{self.url}/-/ready", timeout=5)[0] == 200
+            return False
+
+        try:
+            wait_until(ready, self.START_TIMEOUT_S, "prometheus /-/ready", interval=0.2)
+        except (PrometheusError, TimeoutError):
+            self._terminate()
+            return False
+        return True
 
     def stop(self) -> None:
         self._terminate()
@@ -228,14 +216,8 @@ class Prometheus:
 
     def _terminate(self) -> None:
         proc, self._process = self._process, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
+        if proc is not None:
+            stop_process(proc, timeout=30)
 
     @property
     def running(self) -> bool:
@@ -314,17 +296,16 @@ class Prometheus:
         The default predicate waits for a non-empty result. Raises TimeoutError with the
         last result when the timeout passes.
         """
-        deadline = time.monotonic() + timeout
-        samples: list[Sample] = []
-        while True:
-            samples = self.query(promql)
-            if predicate(samples):
-                return samples
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"after {timeout}s, {promql!r} still gives {samples}")
+
+        def holds() -> tuple[list[Sample]] | None:  # a tuple: true even when the samples are []
             if not self.running:
                 raise PrometheusError(f"prometheus exited; log tail:\n{self.log_tail()}")
-            time.sleep(interval)
+            samples = self.query(promql)
+            return (samples,) if predicate(samples) else None
+
+        found = wait_until(holds, timeout, lambda: f"{promql!r} still gives {self.query(promql)}", interval)
+        assert found is not None
+        return found[0]
 
     def targets(self) -> list[dict[str, Any]]:
         active: list[dict[str, Any]] = self.api("targets", {"state": "active"})["activeTargets"]
@@ -336,12 +317,10 @@ class Prometheus:
         return bool(targets) and all(t["health"] == "up" for t in targets)
 
     def wait_for_targets_up(self, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not self.targets_up():
-            if time.monotonic() >= deadline:
-                states = [(t["scrapeUrl"], t["health"], t.get("lastError")) for t in self.targets()]
-                raise TimeoutError(f"targets not up after {timeout}s: {states}")
-            time.sleep(0.5)
+        def states() -> str:
+            return f"targets {[(t['scrapeUrl'], t['health'], t.get('lastError')) for t in self.targets()]}"
+
+        wait_until(self.targets_up, timeout, states, interval=0.5)
 
     def query_exemplars(self, promql: str, start: float | None = None, end: float | None = None) -> list[Exemplar]:
         now = time.time()
@@ -368,15 +347,14 @@ class Prometheus:
 
     def wait_for_rules_evaluated(self, timeout: float = 120.0) -> list[dict[str, Any]]:
         """Waits until every loaded rule was evaluated at least once; returns the rules."""
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def evaluated() -> list[dict[str, Any]]:
             rules = self.rules()
             # A rule never evaluated reports Go's zero time, 0001-01-01T00:00:00Z.
-            if rules and not any(r.get("lastEvaluation", "0001").startswith("0001") for r in rules):
-                return rules
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"rules not evaluated after {timeout}s: {[r['name'] for r in rules]}")
-            time.sleep(0.5)
+            done = rules and not any(r.get("lastEvaluation", "0001").startswith("0001") for r in rules)
+            return rules if done else []
+
+        return wait_until(evaluated, timeout, lambda: f"rules {[r['name'] for r in self.rules()]} evaluated", 0.5)
 
     def alerts(self) -> list[dict[str, Any]]:
         alerts: list[dict[str, Any]] = self.api("alerts")["alerts"]

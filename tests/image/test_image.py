@@ -5,23 +5,23 @@ is read-only, as UID 0 without any capability and with no_new_privs, as the char
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-import shutil
 import signal
-import socket
 import subprocess
 import time
 import tomllib
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from harness.devices import make_device_root
-from harness.image import REPO, BuiltImage, WorkingContainer, buildah
+from tests.harness.devices import make_device_root
+from tests.harness.image import REPO, BuiltImage, WorkingContainer, buildah
+from tests.harness.net import free_port, http_get
+from tests.harness.require import require, require_tool
+from tests.harness.wait import wait_until
 
 DOCKERFILE = REPO / "Dockerfile"
 COMPILERS_AND_INSTALLERS = ("gcc", "cc", "c++", "g++", "clang", "ld", "as", "make", "pip", "pip3", "apt-get")
@@ -123,35 +123,18 @@ def test_version_command(container: WorkingContainer) -> None:
 # --- the daemon running from the image -------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 def _wait_for_metrics(port: int, proc: subprocess.Popen[str], timeout: float = 60) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def metrics() -> str:
         if proc.poll() is not None:
             out, err = proc.communicate()
             raise AssertionError(f"daemon exited with {proc.returncode}:\n{out}\n{err}")
-        try:
-            status, body = _get(f"http://127.0.0.1:{port}/metrics")
+        with contextlib.suppress(OSError):
+            status, body = http_get(f"http://127.0.0.1:{port}/metrics", timeout=2)
             if status == 200:
-                return body
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"no /metrics on 127.0.0.1:{port} within {timeout}s")
+                return body.decode()
+        return ""
+
+    return wait_until(metrics, timeout, f"/metrics on 127.0.0.1:{port}", interval=0.2)
 
 
 def _daemon_pid(port: int) -> int:
@@ -195,13 +178,16 @@ def _daemon_args(port: int) -> list[str]:
     ]  # fmt: skip
 
 
-def _check_running_daemon(port: int, proc: subprocess.Popen[str], stop: Callable[[], None]) -> str:
+def _check_running_daemon(port: int, proc: subprocess.Popen[str]) -> str:
+    """Checks the daemon on ``port``, then SIGTERMs it, as the runtime does (to the daemon
+    itself: ``buildah run`` would SIGKILL it); returns its /proc status from before."""
     body = _wait_for_metrics(port, proc)
     assert re.search(r'^ate_devplugin_build_info\{.*version="' + re.escape(_project_version()), body, re.MULTILINE)
     assert 'ate_devplugin_device_nodes_present{resource_name="ate.dev/kvm"} 1.0' in body
-    assert _get(f"http://127.0.0.1:{port}/healthz")[0] == 200
-    status = Path(f"/proc/{_daemon_pid(port)}/status").read_text()
-    stop()
+    assert http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200
+    pid = _daemon_pid(port)
+    status = Path(f"/proc/{pid}/status").read_text()
+    os.kill(pid, signal.SIGTERM)
     start = time.monotonic()
     out, err = proc.communicate(timeout=15)
     assert proc.returncode == 0, f"exit {proc.returncode} after SIGTERM:\n{out}\n{err}"
@@ -222,7 +208,7 @@ def reap() -> Iterator[list[subprocess.Popen[str]]]:
 def test_daemon_in_buildah_run_without_capabilities(
     container: WorkingContainer, host_dirs: dict[str, Path], reap: list[subprocess.Popen[str]]
 ) -> None:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         ["buildah", "--storage-driver", "vfs", "run", "--isolation", "chroot", "--network", "host",
          "--cap-drop", "ALL",
@@ -234,11 +220,7 @@ def test_daemon_in_buildah_run_without_capabilities(
     )  # fmt: skip
     reap.append(proc)
 
-    def stop() -> None:
-        # SIGTERM to the daemon itself, as the runtime does (buildah run would SIGKILL it).
-        os.kill(_daemon_pid(port), signal.SIGTERM)
-
-    status = _check_running_daemon(port, proc, stop)
+    status = _check_running_daemon(port, proc)
     assert re.search(r"^CapEff:\s+0+$", status, re.MULTILINE), status
     assert not list(host_dirs["plugins"].iterdir()), "sockets left behind after SIGTERM"
 
@@ -250,13 +232,13 @@ def test_daemon_with_read_only_root_as_the_chart_runs_it(
     and PID namespace, the image's root filesystem bound read-only, a tmpfs /tmp, the host
     paths where the DaemonSet mounts them, then the daemon as PID 1 and UID 0 with an empty
     capability bounding set and no_new_privs (what allowPrivilegeEscalation=false sets)."""
-    if shutil.which("unshare") is None or not (container.root / "usr/bin/setpriv").exists():
-        pytest.skip("needs unshare on the host and setpriv (util-linux) in the image")
+    require_tool("unshare", "apt-get install -y util-linux")
+    require((container.root / "usr/bin/setpriv").exists(), "needs setpriv (util-linux) in the image")
     root = container.root
     for mountpoint in ("var/lib/kubelet/device-plugins", "host/dev", "etc/ate-devplugin"):
         (root / mountpoint).mkdir(parents=True, exist_ok=True)
     env = ["env", "-i", *image.config["config"]["Env"]]
-    port = _free_port()
+    port = free_port()
     script = f"""
         set -e
         mount --make-rprivate /
@@ -278,10 +260,7 @@ def test_daemon_with_read_only_root_as_the_chart_runs_it(
     )  # fmt: skip
     reap.append(proc)
 
-    def stop() -> None:
-        os.kill(_daemon_pid(port), signal.SIGTERM)
-
-    status = _check_running_daemon(port, proc, stop)
+    status = _check_running_daemon(port, proc)
     assert re.search(r"^CapEff:\s+0+$", status, re.MULTILINE), status
     assert re.search(r"^CapBnd:\s+0+$", status, re.MULTILINE), status
     assert re.search(r"^NoNewPrivs:\s+1$", status, re.MULTILINE), status

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.devices import make_device_root
-from harness.kubelet import (
+from tests.harness.devices import make_device_root
+from tests.harness.kubelet import (
     KUBELET_SOCKET,
     PLUGIN_DIR,
     BenchError,

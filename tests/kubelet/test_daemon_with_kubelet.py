@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.daemon import MakeDaemon, sigkill, wait_until
-from harness.devices import add_device_node, remove_device_node
-from harness.kubelet import BenchError, DeviceSpec, KubeletBench, Namespace
+from tests.harness.daemon import MakeDaemon
+from tests.harness.devices import add_device_node, remove_device_node
+from tests.harness.kubelet import BenchError, DeviceSpec, KubeletBench, Namespace
+from tests.harness.wait import wait_until
 
 KVM = "ate.dev/kvm"
 UNITS = 4096
@@ -101,7 +102,7 @@ def test_plugin_sigkill_leaves_stale_socket_that_restart_handles(
 ) -> None:
     d = daemon()
     full(kubelet)
-    sigkill(d)
+    d.stop(signal.SIGKILL)
     assert "ate-ate-dev-kvm.sock" in kubelet_ns.sockets()  # stale
     kubelet.wait(KVM, capacity=UNITS, allocatable=0)
     d.start()
@@ -126,12 +127,17 @@ def test_device_removed_then_restored(kubelet: KubeletBench, daemon: MakeDaemon,
 def test_device_absent_at_start_then_created(kubelet: KubeletBench, daemon: MakeDaemon, device_root: Path) -> None:
     remove_device_node(device_root, "kvm")
     d = daemon()
-    time.sleep(0.5)  # give a wrong advertisement the chance to show
     assert kubelet.capacity().of(KVM) == (0, 0)
     assert d.ready()  # nothing present, nothing to register
     add_device_node(device_root, "kvm", "/dev/kvm")
     full(kubelet)
     wait_until(d.ready, 10, "readyz")
+    # Registered once, and the stream's first list is the only one: the full, healthy set.
+    # Had anything been advertised while the node was absent, the kubelet would have held
+    # a second registration or the stream a second list.
+    assert kubelet.metrics()["registrations"].get(KVM) == 1
+    assert d.metric("ate_devplugin_list_and_watch_updates_total", resource_name=KVM) == 1
+    assert d.metric("ate_devplugin_device_health_changes_total", resource_name=KVM, health="unhealthy") == 0
 
 
 def test_kubelet_absent_at_start_then_started(

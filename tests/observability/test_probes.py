@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import urllib.error
-import urllib.request
 
 from prometheus_client import CollectorRegistry
 
 from ate_devplugin.httpserver import LOOP_DEADLINE_S, HttpServer
-from harness.daemon import MakeDaemon, wait_until
-from harness.kubelet import KubeletBench
+from tests.harness.daemon import MakeDaemon
+from tests.harness.kubelet import KubeletBench
+from tests.harness.net import http_get
+from tests.harness.wait import wait_until
 
 KVM = "ate.dev/kvm"
 
@@ -35,11 +35,7 @@ def test_readyz_follows_registration_and_the_kubelet(kubelet: KubeletBench, daem
 
 
 def get(port: int, path: str) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
+    return http_get(f"http://127.0.0.1:{port}{path}")[0]
 
 
 def test_healthz_fails_while_the_event_loop_is_wedged() -> None:
@@ -50,8 +46,14 @@ def test_healthz_fails_while_the_event_loop_is_wedged() -> None:
     server.start()
     try:
         assert get(server.port, "/healthz") == 200
-        loop.call_soon_threadsafe(time.sleep, LOOP_DEADLINE_S + 2)  # wedge the loop
-        time.sleep(0.1)
+        wedged = threading.Event()
+
+        def wedge() -> None:
+            wedged.set()
+            time.sleep(LOOP_DEADLINE_S + 2)
+
+        loop.call_soon_threadsafe(wedge)
+        assert wedged.wait(30), "the loop never ran the wedge"
         assert get(server.port, "/healthz") == 503
         assert get(server.port, "/metrics") == 200  # metrics do not need the loop
         wait_until(lambda: get(server.port, "/healthz") == 200, 30, "healthz after the loop recovered")

@@ -2,34 +2,25 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from harness.daemon import DevicePluginDaemon, MakeDaemon
-from harness.devices import add_device_node, remove_device_node
-from harness.kubelet import KubeletBench
-from harness.prometheus import Prometheus, PrometheusConfig, Sample, ScrapeTarget, binary_missing
+from tests.harness.daemon import DevicePluginDaemon, MakeDaemon
+from tests.harness.devices import add_device_node, remove_device_node
+from tests.harness.kubelet import KubeletBench
+from tests.harness.prometheus import INSTALL, Prometheus, PrometheusConfig, Sample, ScrapeTarget
+from tests.harness.require import require_tool
 
 KVM = "ate.dev/kvm"
 SEL = f'resource_name="{KVM}",node="node-1"'
 
 
-def need(tool: str) -> None:
-    why = binary_missing(tool)
-    if why:
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
-
-
 @pytest.fixture
 def scraped(daemon: MakeDaemon, tmp_path: Path) -> Iterator[tuple[DevicePluginDaemon, Prometheus]]:
-    need("prometheus")
+    require_tool("prometheus", INSTALL)
     d = daemon()
     config = PrometheusConfig(targets=[ScrapeTarget(f"127.0.0.1:{d.port}", node="node-1")])
     with Prometheus(config) as prom:
@@ -88,13 +79,11 @@ def test_prometheus_sees_the_daemons_life(
 
 
 def test_promtool_finds_nothing_to_lint(kubelet: KubeletBench, daemon: MakeDaemon) -> None:
-    need("promtool")
+    promtool = require_tool("promtool", INSTALL)
     d = daemon()
     kubelet.wait(KVM, allocatable=4096, timeout=30)
     kubelet.allocate("pod-a", "vm", {KVM: 1})
     body = d.get("/metrics")[1]
-    promtool = shutil.which("promtool")
-    assert promtool is not None
     result = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == b"", result.stdout  # no lint findings at all

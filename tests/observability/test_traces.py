@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from harness.daemon import MakeDaemon
-from harness.devices import add_device_node, remove_device_node
-from harness.kubelet import KubeletBench
-from harness.otlp import OtlpReceiver, ReceivedSpan
+from tests.harness.daemon import MakeDaemon
+from tests.harness.devices import add_device_node, remove_device_node
+from tests.harness.kubelet import KubeletBench
+from tests.harness.otlp import OtlpReceiver, ReceivedSpan
 
 KVM = "ate.dev/kvm"
 SERVER, CLIENT, INTERNAL = 2, 3, 1  # OTLP SpanKind numbers

@@ -4,7 +4,7 @@
   ``/var/lib/kubelet`` at all, as on a node whose kubelet has not run yet.
 (``spawn_daemon``, our daemon in any namespace with any arguments, is in tests/conftest.py.)
 
-Repeat counts come from :func:`harness.faults.soak` (``ATE_SOAK_SCALE``).
+Repeat counts come from :func:`tests.harness.faults.soak` (``ATE_SOAK_SCALE``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from harness.kubelet import Namespace
+from tests.harness.kubelet import Namespace
 
 
 @pytest.fixture

@@ -31,11 +31,14 @@ from hypothesis import strategies as st
 
 from ate_devplugin import cli
 from ate_devplugin.config import ConfigError, check_across, resources_from_document
-from harness.chart import CHART, Helm, helm_path, missing_tool
-from harness.daemon import MakeDaemon, free_port, wait_until
-from harness.devices import add_device_node, device_number, make_device_root, mknod_char
-from harness.faults import SpawnDaemon, log_matches
-from harness.kubelet import DeviceSpec, KubeletBench
+from tests.harness.chart import CHART, Helm, helm_path
+from tests.harness.daemon import MakeDaemon
+from tests.harness.devices import add_device_node, device_number, make_device_root, mknod_char
+from tests.harness.faults import SpawnDaemon, log_matches
+from tests.harness.kubelet import DeviceSpec, KubeletBench
+from tests.harness.net import free_port
+from tests.harness.require import missing_tool
+from tests.harness.wait import wait_until
 
 BAD_CONFIGS = Path(__file__).parent / "bad_configs"
 CORPUS = sorted(BAD_CONFIGS.glob("*.yaml"))
@@ -398,8 +401,7 @@ def test_a_link_loop_and_a_non_device_are_ignored(kubelet: KubeletBench, daemon:
     kubelet.wait(KVM, capacity=2, allocatable=2, timeout=30)
     for resource in ("ate.dev/loop", "ate.dev/plain", "ate.dev/fifo"):
         assert kubelet.capacity().of(resource) == (0, 0), resource
-    assert d.proc is not None
-    assert d.proc.poll() is None
+    assert d.running()
 
 
 # --- m (mknod) only when configured, as the container runtime would be told ------------

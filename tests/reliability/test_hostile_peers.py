@@ -12,19 +12,21 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 from ate_devplugin.api.v1beta1 import api_pb2 as pb
 from ate_devplugin.api.v1beta1 import api_pb2_grpc
 from ate_devplugin.registration import REGISTER_TIMEOUT_S
-from harness.daemon import DevicePluginDaemon, MakeDaemon, wait_until
-from harness.devices import add_device_node, remove_device_node
-from harness.faults import SilentPeer, log_matches, min_backoff_attempts, soak, soak_seconds
-from harness.kubelet import KUBELET_SOCKET, PLUGIN_DIR, DeviceSpec, KubeletBench, Namespace
-from harness.otlp import OtlpReceiver
+from tests.harness.daemon import DevicePluginDaemon, MakeDaemon
+from tests.harness.devices import add_device_node, remove_device_node
+from tests.harness.faults import SilentPeer, log_matches, min_backoff_attempts, soak, soak_seconds
+from tests.harness.kubelet import KUBELET_SOCKET, PLUGIN_DIR, DeviceSpec, KubeletBench, Namespace
+from tests.harness.otlp import OtlpReceiver
+from tests.harness.wait import holds_for, wait_until
 
 KVM = "ate.dev/kvm"
 UNITS = 4096
@@ -73,10 +75,7 @@ def test_register_hanging_is_bounded_then_recovers(
     with SilentPeer(kubelet_ns.path(KUBELET_SOCKET), mode="hang") as peer:
         d = daemon()
         wait_until(lambda: peer.accepted >= 1, 10, "the daemon dialing the silent kubelet")
-        deadline = time.monotonic() + hang_for
-        while time.monotonic() < deadline:
-            assert not d.ready()
-            time.sleep(0.25)
+        holds_for(lambda: not d.ready(), hang_for, "unready while Register hangs")
         assert registrations(d, "success") == 0
         # Attempts are bounded by the Register deadline plus the backoff between them.
         most = int(hang_for // REGISTER_TIMEOUT_S) + 1
@@ -89,8 +88,7 @@ def test_register_hanging_is_bounded_then_recovers(
             assert kubelet.allocate("pod-a", "vm", {KVM: 1}).devices == [KVM_SPEC]
     assert registrations(d, "timeout") >= 1
     assert registrations(d, "success") == 1
-    assert d.proc is not None
-    assert d.proc.poll() is None
+    assert d.running()
     print(f"Register hanging {hang_for:.0f}s: {registrations(d, 'timeout'):.0f} timeouts, {peer.accepted} dials")
 
 
@@ -104,8 +102,7 @@ def test_register_refused_backs_off_then_recovers(
         d = daemon()
         begin = time.monotonic()
         wait_until(lambda: registrations(d, "unavailable") >= 2, 10, "two refused registrations")
-        time.sleep(max(0.0, refuse_for - (time.monotonic() - begin)))
-        assert not d.ready()
+        holds_for(lambda: not d.ready(), refuse_for - (time.monotonic() - begin), "unready while Register is refused")
         failed = sum(registrations(d, r) for r in RESULTS if r != "success")
         elapsed = time.monotonic() - begin
         assert 2 <= failed <= min_backoff_attempts(elapsed) + 1, (failed, elapsed)
@@ -239,13 +236,17 @@ def test_a_stalled_stream_cut_at_shutdown_logs_no_traceback(
 # --- malformed and hostile requests ---------------------------------------------------
 
 
-def _unary(channel: grpc.Channel, method: str, payload: bytes) -> grpc.StatusCode:
-    call = channel.unary_unary(f"/v1beta1.DevicePlugin/{method}", request_serializer=None, response_deserializer=None)
+def _status(call: Callable[..., Any], request: Any) -> grpc.StatusCode:
     try:
-        call(payload, timeout=30)
+        call(request, timeout=30)
     except grpc.RpcError as exc:
         return exc.code()
     return grpc.StatusCode.OK
+
+
+def _unary(channel: grpc.Channel, method: str, payload: bytes) -> grpc.StatusCode:
+    call = channel.unary_unary(f"/v1beta1.DevicePlugin/{method}", request_serializer=None, response_deserializer=None)
+    return _status(call, payload)
 
 
 def test_malformed_and_hostile_requests_get_the_right_status(
@@ -336,18 +337,10 @@ def test_malformed_and_hostile_requests_get_the_right_status(
         stub = api_pb2_grpc.DevicePluginStub(channel)  # type: ignore[no-untyped-call]
         for name, request, code in allocate_cases:
             want[f"Allocate: {name}"] = code
-            try:
-                stub.Allocate(request, timeout=30)
-                got[f"Allocate: {name}"] = grpc.StatusCode.OK
-            except grpc.RpcError as exc:
-                got[f"Allocate: {name}"] = exc.code()
+            got[f"Allocate: {name}"] = _status(stub.Allocate, request)
         for name, prequest, code in preferred_cases:
             want[f"GetPreferredAllocation: {name}"] = code
-            try:
-                stub.GetPreferredAllocation(prequest, timeout=30)
-                got[f"GetPreferredAllocation: {name}"] = grpc.StatusCode.OK
-            except grpc.RpcError as exc:
-                got[f"GetPreferredAllocation: {name}"] = exc.code()
+            got[f"GetPreferredAllocation: {name}"] = _status(stub.GetPreferredAllocation, prequest)
         # Bytes that are no protobuf message, and a method that does not exist.
         # gRPC Python itself answers a request it cannot parse (the servicer never runs).
         want["Allocate: undecodable bytes"] = grpc.StatusCode.UNKNOWN
@@ -359,8 +352,7 @@ def test_malformed_and_hostile_requests_get_the_right_status(
     assert got == want
     refused = sum(1 for k, c in want.items() if k.startswith("Allocate: ") and c == invalid)
     assert d.metric("ate_devplugin_allocate_requests_total", resource_name=KVM, code="INVALID_ARGUMENT") == refused
-    assert d.proc is not None
-    assert d.proc.poll() is None
+    assert d.running()
     assert d.metric("ate_devplugin_list_and_watch_streams", resource_name=KVM) == 1
     assert kubelet.allocate("pod-a", "vm", {KVM: 1, "ate.dev/tun": 1}).devices
     assert kubelet.capacity().of(KVM) == (UNITS, UNITS)

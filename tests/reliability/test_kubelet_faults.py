@@ -7,14 +7,15 @@ the counts the issue names (see docs/reliability.md for the results of such runs
 from __future__ import annotations
 
 import shutil
+import signal
 import time
 from pathlib import Path
 
 import pytest
 
-from harness.daemon import DevicePluginDaemon, MakeDaemon, sigkill, wait_until
-from harness.devices import add_device_node, make_device_root, remove_device_node
-from harness.faults import (
+from tests.harness.daemon import DevicePluginDaemon, MakeDaemon
+from tests.harness.devices import add_device_node, make_device_root, remove_device_node
+from tests.harness.faults import (
     Footprint,
     SpawnDaemon,
     is_read_only,
@@ -23,7 +24,8 @@ from harness.faults import (
     soak,
     soak_seconds,
 )
-from harness.kubelet import PLUGIN_DIR, DeviceSpec, KubeletBench, Namespace
+from tests.harness.kubelet import PLUGIN_DIR, DeviceSpec, KubeletBench, Namespace
+from tests.harness.wait import holds_for, wait_until
 
 KVM = "ate.dev/kvm"
 UNITS = 4096
@@ -43,9 +45,26 @@ def full(kubelet: KubeletBench, resource: str = KVM, units: int = UNITS, timeout
     kubelet.wait(resource, capacity=units, allocatable=units, timeout=timeout)
 
 
-def settle() -> None:
-    """Give a late, wrong update the chance to show before the final check."""
-    time.sleep(0.5)
+BARRIER = "ate.dev/barrier"
+BARRIER_RESOURCE = f"  - {{name: {BARRIER}, devices: [/dev/barrier], units: 1}}\n"
+
+
+def with_barrier(device_root: Path, resources: str) -> str:
+    """A config of ``resources`` plus a one-unit resource whose node :func:`barrier` removes."""
+    add_device_node(device_root, "barrier", "/dev/null")
+    return "resources:\n" + resources + BARRIER_RESOURCE
+
+
+def barrier(kubelet: KubeletBench, device_root: Path) -> None:
+    """A positive signal that the daemon has caught up with the filesystem.
+
+    The daemon reads the filesystem's state on every event. Once the kubelet sees the
+    barrier node's removal, the daemon has read the state after the last change of the
+    test: any event still queued reads the same state again, so no late, wrong update of
+    another resource can follow.
+    """
+    remove_device_node(device_root, "barrier")
+    kubelet.wait(BARRIER, capacity=1, allocatable=0, timeout=30)
 
 
 # --- kubelet restarts -----------------------------------------------------------------
@@ -102,7 +121,7 @@ def test_daemon_sigkilled_again_and_again(kubelet: KubeletBench, kubelet_ns: Nam
     full(kubelet)
     first = kubelet.allocate("pod-first", "vm", {KVM: 1}).device_ids
     for i in range(kills):
-        sigkill(d)
+        d.stop(signal.SIGKILL)
         assert SOCKET in kubelet_ns.sockets(), f"kill {i + 1}: the socket stays behind"
         kubelet.wait(KVM, capacity=UNITS, allocatable=0, timeout=30)
         d.start()  # binds over the stale socket
@@ -124,8 +143,9 @@ def test_device_node_flapping_ends_right(
     kubelet: KubeletBench, daemon: MakeDaemon, device_root: Path, end_present: bool
 ) -> None:
     flaps = soak(150, 500)
-    d = daemon()
+    d = daemon(with_barrier(device_root, "  - {name: ate.dev/kvm, devices: [/dev/kvm]}\n"))
     full(kubelet)
+    full(kubelet, BARRIER, 1)
     for _ in range(flaps):  # as fast as the file system goes: no waiting in between
         remove_device_node(device_root, "kvm")
         add_device_node(device_root, "kvm", "/dev/kvm")
@@ -133,12 +153,11 @@ def test_device_node_flapping_ends_right(
         remove_device_node(device_root, "kvm")
     expected = UNITS if end_present else 0
     kubelet.wait(KVM, capacity=UNITS, allocatable=expected, timeout=30)
-    settle()
+    barrier(kubelet, device_root)
     assert kubelet.capacity().of(KVM) == (UNITS, expected)
     assert d.metric("ate_devplugin_device_nodes_present", resource_name=KVM) == (1 if end_present else 0)
     assert d.metric("ate_devplugin_devices", resource_name=KVM, health="healthy") == expected
-    assert d.proc is not None
-    assert d.proc.poll() is None
+    assert d.running()
     assert d.metric("ate_devplugin_list_and_watch_streams", resource_name=KVM) == 1
     updates = d.metric("ate_devplugin_list_and_watch_updates_total", resource_name=KVM)
     print(f"{flaps} node flaps: {updates:.0f} updates sent, final allocatable {expected} as expected")
@@ -153,21 +172,21 @@ def test_device_directory_flapping_ends_right(kubelet: KubeletBench, daemon: Mak
     the daemon must move its watch to the new directory without missing the node."""
     flaps = soak(60, 500)
     add_device_node(device_root, "net/tun", "/dev/net/tun")
-    d = daemon("resources: [{name: ate.dev/tun, devices: [/dev/net/tun], units: 16}]\n")
+    d = daemon(with_barrier(device_root, "  - {name: ate.dev/tun, devices: [/dev/net/tun], units: 16}\n"))
     full(kubelet, "ate.dev/tun", 16)
+    full(kubelet, BARRIER, 1)
     for _ in range(flaps):
         shutil.rmtree(device_root / "net")
         add_device_node(device_root, "net/tun", "/dev/net/tun")  # makes the directory too
     kubelet.wait("ate.dev/tun", capacity=16, allocatable=16, timeout=10)
-    settle()
+    barrier(kubelet, device_root)
     assert kubelet.capacity().of("ate.dev/tun") == (16, 16)
     # And the watch really is on the new directory: a change there is still seen.
     remove_device_node(device_root, "net/tun")
     kubelet.wait("ate.dev/tun", capacity=16, allocatable=0, timeout=30)
     add_device_node(device_root, "net/tun", "/dev/net/tun")
     full(kubelet, "ate.dev/tun", 16)
-    assert d.proc is not None
-    assert d.proc.poll() is None
+    assert d.running()
     print(f"{flaps} directory flaps: final state right, watch follows the new directory")
 
 
@@ -179,10 +198,7 @@ def test_kubelet_absent_for_a_while_at_start(
 ) -> None:
     absent = soak_seconds(2.0, 30.0)
     d = daemon()
-    deadline = time.monotonic() + absent
-    while time.monotonic() < deadline:
-        assert not d.ready()
-        time.sleep(0.25)
+    holds_for(lambda: not d.ready(), absent, "unready while there is no kubelet")
     # Waiting for the socket is not hammering it: no attempt, one log line.
     attempts = sum(
         d.metric("ate_devplugin_registrations_total", resource_name=KVM, result=r)
@@ -220,10 +236,7 @@ def test_plugin_directory_missing_then_created(
     failures = 9
     wait_until(lambda: _serve_failures(d) >= failures, 30, f"{failures} failed attempts to serve")
     missing_for = soak_seconds(0.0, 30.0)
-    time.sleep(missing_for)
-    assert not d.ready()
-    assert d.proc is not None
-    assert d.proc.poll() is None
+    holds_for(lambda: not d.ready() and d.running(), missing_for, "running, unready, no plugin dir")
     assert not bare_ns.path("/var/lib/kubelet").exists()
     with KubeletBench(bare_ns, kubelet_version, log_dir=tmp_path / "logs") as kubelet:
         begin = time.monotonic()
@@ -248,10 +261,7 @@ def test_plugin_directory_read_only_then_writable(
     d = daemon()
     read_only_for = soak_seconds(1.5, 30.0)
     started = time.monotonic()
-    time.sleep(read_only_for)
-    assert not d.ready()
-    assert d.proc is not None
-    assert d.proc.poll() is None
+    holds_for(lambda: not d.ready() and d.running(), read_only_for, "running, unready, read-only dir")
     lines = d.log_lines()
     assert not log_matches(lines, "died"), "an agent died on a read-only directory"
     tries = _serve_failures(d)

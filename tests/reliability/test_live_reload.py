@@ -9,16 +9,16 @@ from __future__ import annotations
 import math
 import os
 import re
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from harness.daemon import DevicePluginDaemon, wait_until
-from harness.devices import add_device_node
-from harness.faults import ConfigMapDir, SpawnDaemon, log_matches
-from harness.kubelet import DeviceSpec, KubeletBench, Namespace
+from tests.harness.daemon import DevicePluginDaemon
+from tests.harness.devices import add_device_node
+from tests.harness.faults import ConfigMapDir, SpawnDaemon, log_matches
+from tests.harness.kubelet import DeviceSpec, KubeletBench, Namespace
+from tests.harness.wait import wait_until
 
 KVM, TUN, VHOST = "ate.dev/kvm", "ate.dev/tun", "ate.dev/vhost"
 KVM_SOCKET, TUN_SOCKET, VHOST_SOCKET = "ate-ate-dev-kvm.sock", "ate-ate-dev-tun.sock", "ate-ate-dev-vhost.sock"
@@ -106,18 +106,26 @@ def watch_kubelet_until(
     return samples
 
 
-@pytest.mark.parametrize("style", EDITS)
-def test_reload_adds_removes_and_leaves_the_rest_untouched(
+@pytest.fixture(params=EDITS)
+def serving(
+    request: pytest.FixtureRequest,
     kubelet: KubeletBench,
     kubelet_ns: Namespace,
     spawn_daemon: SpawnDaemon,
     devices: Path,
     tmp_path: Path,
-    style: str,
-) -> None:
-    d, config = start(spawn_daemon, kubelet_ns, devices, tmp_path, style)
+) -> tuple[DevicePluginDaemon, ConfigFile]:
+    """The daemon serving BEFORE, its config file to be edited each way in EDITS."""
+    d, config = start(spawn_daemon, kubelet_ns, devices, tmp_path, request.param)
     kubelet.wait(KVM, capacity=64, allocatable=64, timeout=30)
     kubelet.wait(TUN, capacity=8, allocatable=8, timeout=30)
+    return d, config
+
+
+def test_reload_adds_removes_and_leaves_the_rest_untouched(
+    kubelet: KubeletBench, kubelet_ns: Namespace, serving: tuple[DevicePluginDaemon, ConfigFile]
+) -> None:
+    d, config = serving
     held = kubelet.allocate("pod-a", "vm", {KVM: 1}).device_ids
     kvm_socket = kubelet_ns.path(f"/var/lib/kubelet/device-plugins/{KVM_SOCKET}").stat().st_ino
     config.write(AFTER)
@@ -152,26 +160,12 @@ def test_reload_adds_removes_and_leaves_the_rest_untouched(
     assert d.metric("ate_devplugin_registrations_total", resource_name=VHOST, result="success") == 1
 
 
-@pytest.mark.parametrize("style", EDITS)
 def test_invalid_new_config_is_rejected_once_and_the_running_one_stays(
-    kubelet: KubeletBench,
-    kubelet_ns: Namespace,
-    spawn_daemon: SpawnDaemon,
-    devices: Path,
-    tmp_path: Path,
-    style: str,
+    kubelet: KubeletBench, serving: tuple[DevicePluginDaemon, ConfigFile]
 ) -> None:
-    d, config = start(spawn_daemon, kubelet_ns, devices, tmp_path, style)
-    kubelet.wait(KVM, capacity=64, allocatable=64, timeout=30)
-    kubelet.wait(TUN, capacity=8, allocatable=8, timeout=30)
+    d, config = serving
     config.write(INVALID)
     wait_until(lambda: reloads(d, "failure") >= 1, 10, "the reload to be rejected")
-    time.sleep(0.5)  # give a second report of the same bad file the chance to show
-    rejected = log_matches(d.log_lines(), "config reload rejected")
-    assert len(rejected) == 1, [line["msg"] for line in rejected]
-    assert rejected[0]["level"] == "error"
-    assert "resources[1].units" in str(rejected[0]["msg"])
-    assert reloads(d, "failure") == 1
     assert reloads(d, "success") == 0
     # The running config stays, streams and all.
     assert kubelet.capacity().of(KVM) == (64, 64)
@@ -179,12 +173,17 @@ def test_invalid_new_config_is_rejected_once_and_the_running_one_stays(
     assert kubelet.capacity().of(VHOST) == (0, 0)
     assert d.metric("ate_devplugin_list_and_watch_streams", resource_name=TUN) == 1
     assert d.ready()
-    # A good file after the bad one is applied.
+    # A good file after the bad one is applied. That is also the positive signal that the
+    # daemon has handled every event of the bad file: it was reported once, no more.
     config.write(AFTER)
     kubelet.wait(VHOST, capacity=4, allocatable=4, timeout=30)
     kubelet.wait(TUN, capacity=8, allocatable=0, timeout=30)
     assert reloads(d, "success") == 1
     assert reloads(d, "failure") == 1
+    rejected = log_matches(d.log_lines(), "config reload rejected")
+    assert len(rejected) == 1, [line["msg"] for line in rejected]
+    assert rejected[0]["level"] == "error"
+    assert "resources[1].units" in str(rejected[0]["msg"])
 
 
 def test_changed_resource_is_served_again_with_its_new_settings(

@@ -1,6 +1,4 @@
 import asyncio
-import os
-import stat
 from pathlib import Path
 
 import pytest
@@ -12,12 +10,13 @@ from ate_devplugin.metrics import Metrics
 from ate_devplugin.settings import resolve
 from ate_devplugin.supervisor import AgentDiedError, Daemon, ResourceAgent
 from ate_devplugin.tracing import Tracing
+from tests.harness.devices import can_mknod, make_device_root
+from tests.harness.require import require
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mknod of a character device needs root")
 async def test_an_agent_that_dies_ends_the_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "dev").mkdir()
-    os.mknod(tmp_path / "dev/kvm", 0o600 | stat.S_IFCHR, os.makedev(10, 232))
+    require(can_mknod(), "mknod of a character device needs root")
+    make_device_root(tmp_path / "dev", {"kvm": "/dev/kvm"})
     settings = resolve({"device_root": str(tmp_path / "dev"), "plugin_dir": str(tmp_path / "plugins")}, {})
 
     async def broken(self: ResourceAgent) -> None:

@@ -1,0 +1,1 @@
+"""The test suites, and the test kit (tests.harness) that tests, bench/ and tools/ import."""
