@@ -80,6 +80,8 @@ class HttpServer:
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(LOOP_DEADLINE_S)
+        elif self._thread.ident is None:  # never started
+            self._loop.close()
         self._sock.close()
         self._workers.shutdown(wait=False, cancel_futures=True)
 
@@ -126,7 +128,7 @@ class HttpServer:
             problem = "closed by the client before a complete request"
         except ConnectionResetError:
             problem = "connection reset by the client"
-        except ConnectionError as exc:
+        except OSError as exc:
             problem = f"connection lost: {exc}"
         finally:
             problem = self._clients.pop(writer, None) or problem
@@ -161,9 +163,11 @@ class HttpServer:
         async def ask() -> tuple[bool, str]:
             return self._readiness()
 
+        asking = ask()
         try:
-            future = asyncio.run_coroutine_threadsafe(ask(), self._daemon_loop)
+            future = asyncio.run_coroutine_threadsafe(asking, self._daemon_loop)
         except RuntimeError:  # that loop is closed: the daemon is going away
+            asking.close()
             return None
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), LOOP_DEADLINE_S)

@@ -226,3 +226,26 @@ def test_a_client_reset_gives_one_log_line(http_daemon: DevicePluginDaemon, sent
     text = http_daemon.log_text()
     assert "Traceback" not in text, text[-3000:]
     assert timed_get(http_daemon.port, "/healthz", 10).status == 200
+
+
+@pytest.mark.parametrize(
+    ("sent", "status"),
+    [
+        (b"NONSENSE\r\n\r\n", 400),
+        (b"GET /healthz HTTP/1.1\r\nno colon here\r\n\r\n", 400),
+        (b"GET /healthz HTTP/1.1\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n", 431),
+        (b"POST /healthz HTTP/1.1\r\n\r\n", 405),
+    ],
+    ids=["request-line", "header-line", "head-too-large", "not-get"],
+)
+def test_a_bad_request_is_answered_and_the_endpoint_keeps_serving(
+    http_daemon: DevicePluginDaemon, sent: bytes, status: int
+) -> None:
+    with socket.create_connection(("127.0.0.1", http_daemon.port), timeout=10) as sock:
+        sock.sendall(sent)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.split(b" ", 2)[1] == str(status).encode(), answer[:200]
+    assert timed_get(http_daemon.port, "/healthz", 10).status == 200
+    assert "Traceback" not in http_daemon.log_text()
