@@ -122,6 +122,10 @@ class HttpServer:
                 await writer.drain()
                 writer.close()
                 await writer.wait_closed()  # every byte handed to the kernel, within the deadline
+        except asyncio.CancelledError:
+            # The endpoint is closing. Not raised on: Python 3.11's stream callback would
+            # log a cancelled client task as an error with a traceback.
+            writer.transport.abort()
         except TimeoutError:
             problem = f"no complete exchange within {REQUEST_DEADLINE_S:g}s"
         except asyncio.IncompleteReadError:
