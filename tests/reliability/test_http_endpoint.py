@@ -186,6 +186,7 @@ def test_slow_clients_are_dropped_without_threads_and_probes_still_answer(http_d
     finally:
         stop.set()
         sampler.join(10)
+    print(f"\nthreads: {idle} idle, {peak[0]} at most with 1000 slow clients; {len(dropped)} dropped")
     assert failed == 0, f"{failed} slow clients could not even connect"
     assert len(dropped) == 1000, f"only {len(dropped)} of 1000 slow clients dropped within {hold_s}s"
     # Besides the endpoint's workers, allow a few threads the daemon may start meanwhile
