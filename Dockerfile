@@ -70,10 +70,13 @@ RUN apt-get update \
 
 COPY --from=build /opt/ate-devplugin /opt/ate-devplugin
 
+# ATE_DEVPLUGIN_REVISION: the commit the image is built from, reported by the daemon as
+# the revision label of ate_devplugin_build_info (a label alone never reaches the process).
 ENV PATH="/opt/ate-devplugin/bin:${PATH}" \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    ATE_DEVPLUGIN_LOG_FORMAT=json
+    ATE_DEVPLUGIN_LOG_FORMAT=json \
+    ATE_DEVPLUGIN_REVISION="${REVISION}"
 
 # The daemon runs as UID 0 because the kubelet's device-plugin socket
 # directory is root-owned; it needs no capability at all (the chart drops

@@ -99,7 +99,12 @@ print(v if isinstance(v, str) else sys.argv[2])' "$1" "$2" 2>/dev/null || echo "
 }
 version="$(project_field version unknown)"
 licenses="$(project_field license "")"
+# The commit built: the image's revision label and, through ENV, the daemon's
+# ate_devplugin_build_info. "-dirty" when the tree has uncommitted changes.
 revision="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+if [ "$revision" != unknown ] && [ -n "$(git status --porcelain 2>/dev/null)" ]; then
+    revision="${revision}-dirty"
+fi
 created="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 
 ca_args=()

@@ -14,7 +14,17 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.harness.chart import CI_VALUES, REPO, Helm, Manifest, by_kind, one, supported_k8s_versions
+from tests.harness.chart import (
+    CI_VALUES,
+    REPO,
+    Helm,
+    Manifest,
+    by_kind,
+    oldest_supported_k8s,
+    one,
+    supported_k8s_versions,
+)
+from tests.harness.kubelet import KNOWN_VERSIONS
 
 K8S_VERSIONS = supported_k8s_versions()
 EXAMPLE_POD = REPO / "docs" / "examples" / "kvm-consumer-pod.yaml"
@@ -26,8 +36,11 @@ SKIPPED_WITHOUT_DIGEST = {"CKV_K8S_43", "CKV_K8S_15"}
 SKIPPED_WITHOUT_NETWORK_POLICY = {"CKV2_K8S_6"}
 
 
-def test_kubernetes_versions_cover_135_and_later() -> None:
-    assert K8S_VERSIONS[0].startswith("1.35."), K8S_VERSIONS
+def test_kubernetes_versions_cover_the_oldest_supported_and_later() -> None:
+    major, minor = oldest_supported_k8s()
+    assert f"{major}.{minor}" == KNOWN_VERSIONS[0], "kubeVersion admits what the kubelet bench does not prove"
+    assert K8S_VERSIONS[0].startswith(f"{major}.{minor}."), K8S_VERSIONS
+    assert len(K8S_VERSIONS) > 1, K8S_VERSIONS
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)

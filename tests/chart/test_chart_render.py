@@ -143,9 +143,10 @@ def test_packaged_chart_is_self_contained(helm: Helm, tmp_path: Path) -> None:
 
 
 def test_kube_version_constraint(helm: Helm) -> None:
-    for version in ("1.35.0", "1.36.3", "1.37.1"):
+    # The oldest supported release, a managed provider's build of it, later ones.
+    for version in ("1.29.0", "1.29.8-eks-1a2b3c4", "1.32.2", "1.35.0", "1.37.1"):
         out = helm.run("template", "x", str(CHART), "--kube-version", version)
         assert out.returncode == 0, f"{version}: {out.stderr}"
-    out = helm.run("template", "x", str(CHART), "--kube-version", "1.34.9")
+    out = helm.run("template", "x", str(CHART), "--kube-version", "1.28.15")
     assert out.returncode != 0
     assert "kubeVersion" in out.stderr or "incompatible" in out.stderr.lower(), out.stderr

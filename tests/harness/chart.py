@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -100,11 +101,25 @@ def one(docs: list[Manifest], kind: str) -> Manifest:
     return found[0]
 
 
+def oldest_supported_k8s() -> tuple[int, int]:
+    """The oldest Kubernetes minor release chart/Chart.yaml's kubeVersion (">=1.MM.0-0") admits."""
+    found = re.fullmatch(r">=\s*(\d+)\.(\d+)\.0-0", yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"])
+    assert found, "kubeVersion must read >=MAJOR.MINOR.0-0"
+    return int(found[1]), int(found[2])
+
+
 def supported_k8s_versions() -> list[str]:
-    """Kubernetes versions 1.35 and later that the installed kubernetes-validate knows."""
+    """Kubernetes versions from the chart's oldest supported on that the installed
+    kubernetes-validate knows, oldest first."""
+    oldest = oldest_supported_k8s()
+    fallback = [f"{oldest[0]}.{oldest[1]}.0"]
     try:
         from kubernetes_validate.utils import all_versions  # type: ignore[import-untyped]  # no py.typed
     except ImportError:
-        return ["1.35.0"]  # the test then skips through the k8s_validate fixture
-    found = sorted({v for v in all_versions() if tuple(int(p) for p in v.split(".")[:2]) >= (1, 35)})
-    return found or ["1.35.0"]
+        return fallback  # the test then skips through the k8s_validate fixture
+    return sorted({v for v in all_versions() if _minor(v) >= oldest}, key=_minor) or fallback
+
+
+def _minor(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)

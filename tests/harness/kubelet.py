@@ -76,8 +76,9 @@ PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 KUBELET_SOCKET = f"{PLUGIN_DIR}/kubelet.sock"
 CHECKPOINT_FILE = "kubelet_internal_checkpoint"
 
-#: Kubernetes releases the bench is pinned to (tests/kubelet_bench/go1NN.mod).
-KNOWN_VERSIONS: tuple[str, ...] = ("1.35", "1.37")
+#: Kubernetes releases the bench is pinned to (tests/kubelet_bench/go1NN.mod): the oldest
+#: supported (chart/Chart.yaml kubeVersion), the one the e2e cluster runs, and the newest.
+KNOWN_VERSIONS: tuple[str, ...] = ("1.29", "1.35", "1.37")
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 

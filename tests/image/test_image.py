@@ -1,7 +1,8 @@
-"""The container image: hadolint-clean Dockerfile; built with buildah; OCI labels, entrypoint,
-no compilers or pip, bytecode precompiled; the daemon inside starts and answers /metrics,
-both under `buildah run` with every capability dropped and in a chroot whose root filesystem
-is read-only, as UID 0 without any capability and with no_new_privs, as the chart runs it."""
+"""The container image: hadolint-clean Dockerfile; built with buildah; OCI labels, the revision
+the built commit in its label and in ate_devplugin_build_info; entrypoint, no compilers or pip,
+bytecode precompiled; the daemon inside starts and answers /metrics, both under `buildah run`
+with every capability dropped and in a chroot whose root filesystem is read-only, as UID 0
+without any capability and with no_new_privs, as the chart runs it."""
 
 from __future__ import annotations
 
@@ -25,6 +26,18 @@ from tests.harness.wait import wait_until
 
 DOCKERFILE = REPO / "Dockerfile"
 COMPILERS_AND_INSTALLERS = ("gcc", "cc", "c++", "g++", "clang", "ld", "as", "make", "pip", "pip3", "apt-get")
+
+
+def _head_commit() -> str:
+    out = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30, check=True
+    )
+    return out.stdout.strip()
+
+
+def _revision(image: BuiltImage) -> str:
+    revision: str = image.config["config"]["Labels"]["org.opencontainers.image.revision"]
+    return revision
 
 
 def _project_version() -> str:
@@ -77,8 +90,12 @@ def test_image_config(image: BuiltImage) -> None:
     license_ = tomllib.loads((REPO / "pyproject.toml").read_text())["project"].get("license")
     if isinstance(license_, str):
         assert labels["org.opencontainers.image.licenses"] == license_
-    for key in ("description", "revision", "created"):
+    for key in ("description", "created"):
         assert labels[f"org.opencontainers.image.{key}"], key
+    # The commit built ("-dirty": with uncommitted changes), and the daemon is told it.
+    head = _head_commit()
+    assert labels["org.opencontainers.image.revision"] in (head, f"{head}-dirty")
+    assert env["ATE_DEVPLUGIN_REVISION"] == labels["org.opencontainers.image.revision"]
 
 
 def test_image_is_small_and_has_no_toolchain(image: BuiltImage, container: WorkingContainer) -> None:
@@ -178,11 +195,13 @@ def _daemon_args(port: int) -> list[str]:
     ]  # fmt: skip
 
 
-def _check_running_daemon(port: int, proc: subprocess.Popen[str]) -> str:
+def _check_running_daemon(port: int, proc: subprocess.Popen[str], revision: str) -> str:
     """Checks the daemon on ``port``, then SIGTERMs it, as the runtime does (to the daemon
     itself: ``buildah run`` would SIGKILL it); returns its /proc status from before."""
     body = _wait_for_metrics(port, proc)
-    assert re.search(r'^ate_devplugin_build_info\{.*version="' + re.escape(_project_version()), body, re.MULTILINE)
+    (build_info,) = re.findall(r"^ate_devplugin_build_info\{.*$", body, re.MULTILINE)
+    assert f'version="{_project_version()}"' in build_info, build_info
+    assert f'revision="{revision}"' in build_info, build_info
     assert 'ate_devplugin_device_nodes_present{resource_name="ate.dev/kvm"} 1.0' in body
     assert http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200
     pid = _daemon_pid(port)
@@ -206,7 +225,7 @@ def reap() -> Iterator[list[subprocess.Popen[str]]]:
 
 
 def test_daemon_in_buildah_run_without_capabilities(
-    container: WorkingContainer, host_dirs: dict[str, Path], reap: list[subprocess.Popen[str]]
+    image: BuiltImage, container: WorkingContainer, host_dirs: dict[str, Path], reap: list[subprocess.Popen[str]]
 ) -> None:
     port = free_port()
     proc = subprocess.Popen(
@@ -220,7 +239,7 @@ def test_daemon_in_buildah_run_without_capabilities(
     )  # fmt: skip
     reap.append(proc)
 
-    status = _check_running_daemon(port, proc)
+    status = _check_running_daemon(port, proc, _revision(image))
     assert re.search(r"^CapEff:\s+0+$", status, re.MULTILINE), status
     assert not list(host_dirs["plugins"].iterdir()), "sockets left behind after SIGTERM"
 
@@ -260,7 +279,7 @@ def test_daemon_with_read_only_root_as_the_chart_runs_it(
     )  # fmt: skip
     reap.append(proc)
 
-    status = _check_running_daemon(port, proc)
+    status = _check_running_daemon(port, proc, _revision(image))
     assert re.search(r"^CapEff:\s+0+$", status, re.MULTILINE), status
     assert re.search(r"^CapBnd:\s+0+$", status, re.MULTILINE), status
     assert re.search(r"^NoNewPrivs:\s+1$", status, re.MULTILINE), status

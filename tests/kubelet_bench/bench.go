@@ -306,7 +306,7 @@ func (b *bench) cmdStart(line []byte, resp map[string]any) error {
 		runningSet.Insert(id)
 	}
 	_, statErr := os.Stat(filepath.Join(pluginapi.DevicePluginPath, checkpointName))
-	if err := mgr.Start(b.logger, b.activePods, sourcesReadyFlag{b}, cmap, runningSet); err != nil {
+	if err := startManager(b.logger, mgr, b.activePods, sourcesReadyFlag{b}, cmap, runningSet); err != nil {
 		return fmt.Errorf("Start: %w", err)
 	}
 	b.mgr = mgr
@@ -321,7 +321,7 @@ func (b *bench) stopManager() bool {
 	if b.mgr == nil || !b.running {
 		return false
 	}
-	if err := b.mgr.Stop(b.logger); err != nil {
+	if err := stopManager(b.logger, b.mgr); err != nil {
 		b.logger.Error(err, "Stop failed")
 	}
 	b.running = false
@@ -724,7 +724,7 @@ func (b *bench) cmdOptions(line []byte, resp map[string]any) error {
 }
 
 func (b *bench) fillOptions(ctx context.Context, mgr *devicemanager.ManagerImpl, pod *v1.Pod, c *v1.Container, resp map[string]any) error {
-	opts, err := mgr.GetDeviceRunContainerOptions(ctx, pod, c)
+	opts, err := runContainerOptions(ctx, mgr, pod, c)
 	if err != nil {
 		return fmt.Errorf("GetDeviceRunContainerOptions: %w", err)
 	}

@@ -160,7 +160,7 @@ func loadOne(ctx context.Context, client pluginapi.DevicePluginClient, req rpcLo
 		}
 	}
 	ar, err := client.Allocate(ctx, &pluginapi.AllocateRequest{
-		ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: ids}},
+		ContainerRequests: []*pluginapi.ContainerAllocateRequest{containerAllocateRequest(ids)},
 	})
 	if err != nil {
 		return fmt.Errorf("Allocate: %w", err)

@@ -99,11 +99,11 @@ func stubDevices(o stubOpts, unhealthy map[string]bool) []*pluginapi.Device {
 // allocFunc answers with one container response per request (the stub's
 // default answer has none, which the kubelet rejects): envs and an annotation
 // naming the IDs, plus a device node per ID when --device-node is given.
-func allocFunc(o stubOpts) func(*pluginapi.AllocateRequest, map[string]*pluginapi.Device) (*pluginapi.AllocateResponse, error) {
-	return func(r *pluginapi.AllocateRequest, _ map[string]*pluginapi.Device) (*pluginapi.AllocateResponse, error) {
+func allocFunc(o stubOpts) func(*pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+	return func(r *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
 		resp := &pluginapi.AllocateResponse{}
 		for _, creq := range r.ContainerRequests {
-			ids := append([]string(nil), creq.DevicesIds...)
+			ids := append([]string(nil), allocateIDs(creq)...)
 			sort.Strings(ids)
 			joined := strings.Join(ids, ",")
 			cresp := &pluginapi.ContainerAllocateResponse{
@@ -125,7 +125,7 @@ func allocFunc(o stubOpts) func(*pluginapi.AllocateRequest, map[string]*pluginap
 
 // preferredFunc keeps must_include and fills up with the highest available
 // IDs, so that a test can tell the preference was followed.
-func preferredFunc(r *pluginapi.PreferredAllocationRequest, _ map[string]*pluginapi.Device) (*pluginapi.PreferredAllocationResponse, error) {
+func preferredFunc(r *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
 	resp := &pluginapi.PreferredAllocationResponse{}
 	for _, creq := range r.ContainerRequests {
 		chosen := append([]string(nil), creq.MustIncludeDeviceIDs...)
@@ -161,16 +161,16 @@ func serveStub(o stubOpts) error {
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), logger))
 	defer cancel()
 
-	stub := plugin.NewDevicePluginStub(logger, stubDevices(o, nil), o.socket, o.resource, o.preStart, o.preferred)
-	stub.SetAllocFunc(allocFunc(o))
+	stub := newStub(logger, stubDevices(o, nil), o.socket, o.resource, o.preStart, o.preferred)
+	setStubAlloc(stub, allocFunc(o))
 	if o.preferred {
-		stub.SetGetPreferredAllocFunc(preferredFunc)
+		setStubPreferred(stub, preferredFunc)
 	}
-	if err := stub.Start(ctx); err != nil {
+	if err := startStub(ctx, stub); err != nil {
 		return fmt.Errorf("start: %w", err)
 	}
 	defer func() {
-		if err := stub.Stop(logger); err != nil {
+		if err := stopStub(logger, stub); err != nil {
 			logger.Error(err, "stop")
 		}
 	}()
@@ -178,12 +178,12 @@ func serveStub(o stubOpts) error {
 	// directory is passed with its trailing slash.
 	sockDir := filepath.Dir(o.socket) + "/"
 	if o.register {
-		if err := stub.Register(ctx, o.kubeletSocket, o.resource, sockDir); err != nil {
+		if err := registerStub(ctx, stub, o.kubeletSocket, o.resource, sockDir); err != nil {
 			return fmt.Errorf("register: %w", err)
 		}
 	}
 	if o.watch {
-		go stub.Watch(ctx, o.kubeletSocket, o.resource, sockDir)
+		go watchStub(ctx, stub, o.kubeletSocket, o.resource, sockDir)
 	}
 	var outMu sync.Mutex
 	emit(&outMu, map[string]any{
@@ -231,7 +231,7 @@ func stubControl(ctx context.Context, o stubOpts, stub *plugin.Stub, sockDir str
 				}
 				err = updateWithTimeout(stub, stubDevices(o, bad), 5*time.Second)
 			case "register":
-				err = stub.Register(ctx, o.kubeletSocket, o.resource, sockDir)
+				err = registerStub(ctx, stub, o.kubeletSocket, o.resource, sockDir)
 			case "stop":
 				stop = true
 			default:
