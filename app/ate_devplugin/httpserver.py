@@ -1,4 +1,4 @@
-"""HTTP endpoints: /metrics, /healthz (the event loop answers), /readyz (registered).
+"""HTTP endpoints: /metrics, /healthz (the loop answers, events are handled), /readyz (registered).
 
 Served from a thread so that a wedged event loop is reported (503) instead of silently
 taking the probes down with it; readiness itself is computed on the loop.
@@ -31,15 +31,16 @@ class HttpServer:
         registry: CollectorRegistry,
         loop: asyncio.AbstractEventLoop,
         readiness: Callable[[], tuple[bool, str]],
+        liveness: Callable[[], tuple[bool, str]] = lambda: (True, "ok"),
     ) -> None:
         server_loop = loop
 
-        async def ask_ready() -> tuple[bool, str]:
-            return readiness()
+        async def ask(probe: Callable[[], tuple[bool, str]]) -> tuple[bool, str]:
+            return probe()
 
-        def ask_loop() -> tuple[bool, str] | None:
-            """Readiness as the loop sees it; None when the loop does not answer in time."""
-            future = asyncio.run_coroutine_threadsafe(ask_ready(), server_loop)
+        def ask_loop(probe: Callable[[], tuple[bool, str]]) -> tuple[bool, str] | None:
+            """The probe's answer as the loop sees it; None when the loop does not answer in time."""
+            future = asyncio.run_coroutine_threadsafe(ask(probe), server_loop)
             try:
                 return future.result(LOOP_DEADLINE_S)
             except FutureTimeout:
@@ -54,14 +55,12 @@ class HttpServer:
                 if path == "/metrics":
                     super().do_GET()
                 elif path in ("/healthz", "/readyz"):
-                    answer = ask_loop()
+                    answer = ask_loop(liveness if path == "/healthz" else readiness)
                     if answer is None:
                         self._text(503, f"event loop did not answer within {LOOP_DEADLINE_S}s\n")
-                    elif path == "/healthz":
-                        self._text(200, "ok\n")
                     else:
-                        ready, reason = answer
-                        self._text(200 if ready else 503, reason + "\n")
+                        good, reason = answer
+                        self._text(200 if good else 503, reason + "\n")
                 else:
                     self._text(404, "not found; try /metrics, /healthz or /readyz\n")
 

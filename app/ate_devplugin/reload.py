@@ -1,0 +1,86 @@
+"""Reading the config file again, off the event loop and within a time bound."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from ate_devplugin.config import ConfigError, ResourceConfig, decode_resources
+from ate_devplugin.settings import Settings
+
+T = TypeVar("T")
+
+
+def read_config_file(path: Path) -> bytes:
+    """The config file's bytes; raises ConfigError. (To become config.read_config_file.)"""
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read: {exc.strerror or exc}") from exc
+
+
+def read_resources(
+    settings: Settings, previous: bytes | None
+) -> tuple[bytes, tuple[ResourceConfig, ...] | ConfigError | None]:
+    """Blocking: the file's bytes and, unless they equal ``previous``, its resources or
+    why they are rejected. Raises ConfigError when the file cannot be read."""
+    assert settings.config is not None
+    data = read_config_file(settings.config)
+    if data == previous:
+        return data, None
+    try:
+        resources = decode_resources(data, str(settings.config))
+        settings.check_resources(resources)
+    except ConfigError as exc:
+        return data, exc
+    return data, resources
+
+
+class WorkerBusyError(Exception):
+    pass
+
+
+class Worker:
+    """Runs one blocking call at a time in a daemon thread, which never holds up exit.
+
+    A call that outlives its timeout keeps its thread (Python cannot stop it); the next
+    call is refused until it ends, so a read that hangs for ever costs one thread.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._thread: threading.Thread | None = None
+
+    async def call(self, fn: Callable[[], T], timeout: float) -> T:
+        if self._thread is not None and self._thread.is_alive():
+            raise WorkerBusyError(f"the previous {self.name} has not finished")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+
+        def settle(result: T | None, exc: BaseException | None) -> None:
+            if future.done():
+                return
+            if exc is not None:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)  # type: ignore[arg-type]  # None only with exc
+
+        def work() -> None:
+            try:
+                result, exc = fn(), None
+            except BaseException as e:  # handed to the loop, which re-raises it
+                result, exc = None, e
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(settle, result, exc)
+
+        self._thread = threading.Thread(target=work, name=self.name, daemon=True)
+        self._thread.start()
+        done, _ = await asyncio.wait({future}, timeout=timeout)
+        if not done:
+            future.cancel()
+            raise TimeoutError(f"{self.name} did not finish within {timeout:.1f}s")
+        return future.result()
