@@ -287,6 +287,7 @@ class Daemon:
 
     async def _reload(self) -> None:
         settings = self.settings
+        log.debug("reading the config file", extra={"path": str(settings.config)})
         try:
             data, resources = await self._reader.call(
                 lambda: read_resources(settings, self._config_data), self.timing.reload_timeout_s
