@@ -80,6 +80,7 @@ def test_rapid_config_flip_ends_in_the_final_state(
     result = pending.result()
     took = (result.done_monotonic_ns - removed_ns) / 1e9
     print(f"{flips} config flips in {flip_for:.0f}s; then a device removed reached the kubelet in {took * 1000:.1f} ms")
+    assert took < 1.0  # the bound; measured about 10 ms
     assert d.metric("ate_devplugin_lifecycle_stalls_total", reason="event_handling") == 0
     assert d.metric("ate_devplugin_lifecycle_stalls_total", reason="agent_stop") == 0
     assert alive(d)

@@ -68,12 +68,15 @@ class FakeClock:
 class FakeServer:
     socket_path: str
     fail_starts: int = 0
+    crash: bool = False  # start raises what no agent expects
     starts: int = 0
     stops: int = 0
     intact: bool = False
 
     async def start(self) -> None:
         self.starts += 1
+        if self.crash:
+            raise RuntimeError("injected")
         if self.fail_starts:
             self.fail_starts -= 1
             raise ServeError(f"cannot serve on {self.socket_path}: injected")

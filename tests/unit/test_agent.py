@@ -197,16 +197,9 @@ async def test_stop_ends_a_task_whose_first_cancellation_is_lost(world: World) -
     assert lost == [1]
 
 
-async def test_an_agent_that_dies_says_so(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
-    async def broken() -> None:
-        raise RuntimeError("injected")
-
-    monkeypatch.setattr(world.agent, "_serve", broken)
-    await started_or_dead(world)
-    assert world.deaths == [KVM.name]
-
-
-async def started_or_dead(world: World) -> None:
+async def test_an_agent_that_dies_says_so(world: World) -> None:
+    world.server.crash = True
     world.agent.start()
     world.agent.apply_discovery(FOUND)
     await until(lambda: world.deaths, "death reported")
+    assert world.deaths == [KVM.name]

@@ -182,18 +182,6 @@ async def test_stop_is_bounded_even_mid_event(tmp_path: Path, monkeypatch: pytes
 
 async def test_an_agent_that_dies_ends_the_daemon(tmp_path: Path) -> None:
     s = Setup(tmp_path)
-    s.kubelet.outcomes = ["hang"]
-    task = asyncio.create_task(s.daemon.run())
-    await until(lambda: s.kubelet.calls == 1, "registering")
-    agent = s.daemon.agents["ate.dev/kvm"]
-    assert agent.task is not None
-
-    async def broken() -> None:
-        raise RuntimeError("injected")
-
-    agent.task.cancel()
-    await asyncio.sleep(0)
-    agent._run = broken  # type: ignore[method-assign]
-    agent.start()
-    with pytest.raises(AgentDiedError):
-        await asyncio.wait_for(task, 5)
+    s.servers["ate.dev/kvm"] = FakeServer("/plugins/kvm.sock", crash=True)
+    with pytest.raises(AgentDiedError, match=r"ate\.dev/kvm"):
+        await asyncio.wait_for(s.daemon.run(), 5)
