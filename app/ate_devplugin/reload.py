@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from ate_devplugin.config import ConfigError, ResourceConfig, decode_resources
+from ate_devplugin.config import ConfigError, ResourceConfig
 from ate_devplugin.settings import Settings
 
 T = TypeVar("T")
@@ -33,11 +33,9 @@ def read_resources(
     if data == previous:
         return data, None
     try:
-        resources = decode_resources(data, str(settings.config))
-        settings.check_resources(resources)
+        return data, settings.resources_from(data)
     except ConfigError as exc:
         return data, exc
-    return data, resources
 
 
 class WorkerBusyError(Exception):
