@@ -51,11 +51,13 @@ class Worker:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._thread: threading.Thread | None = None
+        self._finished = threading.Event()
+        self._finished.set()
 
     async def call(self, fn: Callable[[], T], timeout: float) -> T:
-        if self._thread is not None and self._thread.is_alive():
+        if not self._finished.is_set():
             raise WorkerBusyError(f"the previous {self.name} has not finished")
+        finished = self._finished = threading.Event()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
 
@@ -72,11 +74,11 @@ class Worker:
                 result, exc = fn(), None
             except BaseException as e:  # handed to the loop, which re-raises it
                 result, exc = None, e
+            finished.set()  # before the result arrives: the next call may start at once
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 loop.call_soon_threadsafe(settle, result, exc)
 
-        self._thread = threading.Thread(target=work, name=self.name, daemon=True)
-        self._thread.start()
+        threading.Thread(target=work, name=self.name, daemon=True).start()
         done, _ = await asyncio.wait({future}, timeout=timeout)
         if not done:
             future.cancel()
