@@ -108,7 +108,9 @@ class Watcher:
             self._observer.unschedule(watch)
 
     def stop(self) -> None:
-        self._observer.unschedule_all()
+        """Drops every watch and ends the observer's threads, which close their inotify
+        instances (unscheduling alone leaves one open per observer)."""
+        self._observer.stop()
 
 
 def _identity(path: str) -> tuple[int, int] | None:

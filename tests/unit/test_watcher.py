@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import shutil
 from pathlib import Path
 
@@ -11,7 +13,16 @@ from unit.fakes import until
 from ate_devplugin.watcher import FsEvent, Watcher, nearest_existing
 
 
+def inotify_instances() -> int:
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            n += "inotify" in os.readlink(f"/proc/self/fd/{fd}")
+    return n
+
+
 async def test_events_reach_the_loop_and_watches_follow_directories(tmp_path: Path) -> None:
+    before = inotify_instances()
     seen: list[FsEvent] = []
     watcher = Watcher(asyncio.get_running_loop(), seen.append)
     watcher.start()
@@ -39,6 +50,7 @@ async def test_events_reach_the_loop_and_watches_follow_directories(tmp_path: Pa
     (b / "again").write_text("1")
     await until(lambda: any(e.path == str(b / "again") for e in seen), "created in the new b")
     watcher.stop()
+    await until(lambda: inotify_instances() == before, "every inotify instance closed")
 
 
 def test_nearest_existing(tmp_path: Path) -> None:
