@@ -20,19 +20,33 @@ from prometheus_client import disable_created_metrics
 
 from ate_devplugin import __version__
 from ate_devplugin.config import ConfigError, ResourceConfig, load_resources
+from ate_devplugin.daemon import AgentDiedError, Daemon
 from ate_devplugin.httpserver import HttpServer
 from ate_devplugin.logs import setup_logging
 from ate_devplugin.metrics import Metrics
 from ate_devplugin.settings import DEFAULTS, Settings, resolve
-from ate_devplugin.supervisor import AgentDiedError, Daemon
 from ate_devplugin.tracing import setup_tracing
 
 log = logging.getLogger("ate_devplugin")
 
 EXIT_RUNTIME = 1
 EXIT_CONFIG = 2
-SHUTDOWN_DEADLINE_S = 4.0
-TRACE_FLUSH_S = 2.0
+RELOAD_SIGNALS = (signal.SIGHUP,)
+# Every catchable signal whose default would end the process: each stops it cleanly, so
+# no stale socket stays behind. (Faults like SIGSEGV and the uncatchable SIGKILL aside.)
+STOP_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGALRM,
+    signal.SIGVTALRM,
+    signal.SIGPROF,
+    signal.SIGPWR,
+    signal.SIGXCPU,
+    signal.SIGSTKFLT,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,32 +107,27 @@ async def serve(settings: Settings, resources: tuple[ResourceConfig, ...]) -> No
     metrics = Metrics(revision=os.environ.get("ATE_DEVPLUGIN_REVISION", "unknown"))
     tracing = setup_tracing()
     daemon = Daemon(settings, resources, metrics, tracing)
-    http = HttpServer(settings.metrics_host, settings.metrics_port, metrics.registry, loop, daemon.readiness)
+    http = HttpServer(
+        settings.metrics_host, settings.metrics_port, metrics.registry, loop, daemon.readiness, daemon.liveness
+    )
     http.start()
     log.info("listening for metrics and probes", extra={"address": f"{settings.metrics_host}:{http.port}"})
-    stop = asyncio.Event()
     # A parent may have left these blocked (the mask is inherited); we must hear them.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    running = asyncio.create_task(daemon.run(stop), name="daemon")
-    stopping = asyncio.create_task(stop.wait(), name="stop signal")
-    await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    if running.done():
-        running.result()  # an unexpected end is an error: raise it
-        return
-    log.info("stopping")
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {*STOP_SIGNALS, *RELOAD_SIGNALS})
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, daemon.request_stop, sig.name)
+    for sig in RELOAD_SIGNALS:
+        loop.add_signal_handler(sig, daemon.request_reload)
     try:
-        await asyncio.wait_for(running, SHUTDOWN_DEADLINE_S)
-    except TimeoutError:
-        log.error("shutdown did not finish within %.1fs", SHUTDOWN_DEADLINE_S)
-    http.close()
-    _flush(tracing.shutdown)
-    log.info("stopped")
+        await daemon.run()
+    finally:
+        http.close()
+        _flush(tracing.shutdown, settings.timing.trace_flush_s)
+        log.info("stopped")
 
 
-def _flush(shutdown: Callable[[], None]) -> None:
+def _flush(shutdown: Callable[[], None], deadline: float) -> None:
     """Flushes spans, giving up after a deadline so an unreachable collector cannot hold exit."""
     thread = threading.Thread(target=shutdown, name="trace flush", daemon=True)
     thread.start()
-    thread.join(TRACE_FLUSH_S)
+    thread.join(deadline)

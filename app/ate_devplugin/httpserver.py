@@ -1,4 +1,4 @@
-"""HTTP endpoints: /metrics, /healthz (the event loop answers), /readyz (registered).
+"""HTTP endpoints: /metrics, /healthz (the loop answers, events are handled), /readyz (registered).
 
 Served by an event loop of its own, in a thread, so that a wedged daemon loop is reported
 (503) instead of silently taking the probes down with it; readiness itself is computed on
@@ -56,10 +56,12 @@ class HttpServer:
         registry: CollectorRegistry,
         loop: asyncio.AbstractEventLoop,
         readiness: Callable[[], tuple[bool, str]],
+        liveness: Callable[[], tuple[bool, str]] = lambda: (True, "ok"),
     ) -> None:
         self._registry = registry
         self._daemon_loop = loop
         self._readiness = readiness
+        self._liveness = liveness
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.create_server((host, port), family=family, backlog=BACKLOG)
         self.port: int = self._sock.getsockname()[1]
@@ -152,20 +154,18 @@ class HttpServer:
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self._workers, self._render, accept, encoding, names)
         if url.path in ("/healthz", "/readyz"):
-            answer = await self._ask_daemon_loop()
+            answer = await self._ask_daemon_loop(self._liveness if url.path == "/healthz" else self._readiness)
             if answer is None:
                 return _text(HTTPStatus.SERVICE_UNAVAILABLE, f"event loop did not answer within {LOOP_DEADLINE_S}s\n")
-            if url.path == "/healthz":
-                return _text(HTTPStatus.OK, "ok\n")
-            ready, reason = answer
-            return _text(HTTPStatus.OK if ready else HTTPStatus.SERVICE_UNAVAILABLE, reason + "\n")
+            good, reason = answer
+            return _text(HTTPStatus.OK if good else HTTPStatus.SERVICE_UNAVAILABLE, reason + "\n")
         return _text(HTTPStatus.NOT_FOUND, "not found; try /metrics, /healthz or /readyz\n")
 
-    async def _ask_daemon_loop(self) -> tuple[bool, str] | None:
-        """Readiness as the daemon's loop sees it; None when that loop does not answer in time."""
+    async def _ask_daemon_loop(self, probe: Callable[[], tuple[bool, str]]) -> tuple[bool, str] | None:
+        """A probe's answer as the daemon's loop sees it; None when that loop does not answer in time."""
 
         async def ask() -> tuple[bool, str]:
-            return self._readiness()
+            return probe()
 
         asking = ask()
         try:

@@ -24,8 +24,12 @@ class ResourceState:
         self.known_ids = frozenset(config.unit_ids())
         self.discovery = Discovery(nodes=(), complete=False)
         self.ever_present = False
-        self.registered = False
         self.streams = 0
+        # Streams are told apart by a token. The kubelet's own is the first one opened
+        # after our latest Register request was sent; any other client's never counts.
+        self.kubelet_stream: int | None = None
+        self._awaiting_kubelet = False
+        self._tokens = 0
         self.closed = False
         self.version = 0
         # The trace context of the latest change, so the update that carries it to the
@@ -38,11 +42,6 @@ class ResourceState:
     def health(self) -> str:
         return HEALTHY if self.discovery.complete else UNHEALTHY
 
-    @property
-    def serving(self) -> bool:
-        """Registered and the kubelet holds the ListAndWatch stream."""
-        return self.registered and self.streams > 0
-
     def update(self, discovery: Discovery) -> None:
         """Record a discovery; streams hear of it when the advertised health changed."""
         before = self.health
@@ -52,12 +51,25 @@ class ResourceState:
             self.change_context = context.get_current()
             self._bump()
 
-    def stream_opened(self) -> None:
-        self.streams += 1
+    def registering(self) -> None:
+        """A Register request is about to be sent: the kubelet's next stream is its own."""
+        self.kubelet_stream = None
+        self._awaiting_kubelet = True
         self.on_streams_changed()
 
-    def stream_closed(self) -> None:
+    def stream_opened(self) -> int:
+        """Counts a new stream; returns its token for :meth:`stream_closed`."""
+        self._tokens += 1
+        self.streams += 1
+        if self._awaiting_kubelet:
+            self.kubelet_stream, self._awaiting_kubelet = self._tokens, False
+        self.on_streams_changed()
+        return self._tokens
+
+    def stream_closed(self, token: int) -> None:
         self.streams -= 1
+        if token == self.kubelet_stream:
+            self.kubelet_stream = None
         self.on_streams_changed()
 
     def close(self) -> None:

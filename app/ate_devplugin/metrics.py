@@ -22,6 +22,9 @@ PREFIX = "ate_devplugin"
 REGISTRATION_RESULTS = ("success", "unavailable", "timeout", "rejected", "error")
 HEALTH_LABELS = ("healthy", "unhealthy")
 ALLOCATE_CODES = ("OK", "INVALID_ARGUMENT", "FAILED_PRECONDITION", "INTERNAL")
+# event_handling: a batch of events not handled within its deadline; agent_stop: an
+# agent's task that did not end when cancelled.
+STALL_REASONS = ("event_handling", "agent_stop")
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
@@ -88,6 +91,14 @@ class Metrics:
         )
         for result in ("success", "failure"):
             self.config_reloads.labels(result)
+        self.lifecycle_stalls = Counter(
+            f"{PREFIX}_lifecycle_stalls",
+            "Times the lifecycle got stuck (and /healthz fails), by reason.",
+            ["reason"],
+            registry=r,
+        )
+        for reason in STALL_REASONS:
+            self.lifecycle_stalls.labels(reason)
 
     def _series(self, name: str) -> list[tuple[MetricWrapperBase, tuple[str, ...]]]:
         """Every labelled series of one resource, as (metric, label values)."""

@@ -14,8 +14,6 @@ from ate_devplugin.servicer import OPTIONS
 from ate_devplugin.tracing import rpc_span, set_rpc_status
 
 API_VERSION = "v1beta1"
-# The kubelet dials us back within Register with a 10 s timeout; allow it that and a margin.
-REGISTER_TIMEOUT_S = 12.0
 
 _REASONS = {
     grpc.StatusCode.UNAVAILABLE: "unavailable",
@@ -41,7 +39,7 @@ async def register(
     tracer: Tracer,
     *,
     cause: Context | None = None,
-    timeout: float = REGISTER_TIMEOUT_S,
+    timeout: float,
 ) -> None:
     """Registers, raising RegistrationError; ``cause`` parents the span (e.g. a kubelet restart)."""
     request = pb.RegisterRequest(version=API_VERSION, endpoint=endpoint, resource_name=resource_name, options=OPTIONS)
@@ -66,7 +64,7 @@ async def register(
 class Backoff:
     """Capped exponential backoff with jitter: each delay is drawn from [d/2, d]."""
 
-    def __init__(self, initial: float = 0.02, cap: float = 30.0, rng: random.Random | None = None) -> None:
+    def __init__(self, initial: float, cap: float, rng: random.Random | None = None) -> None:
         self.initial = initial
         self.cap = cap
         self._rng = rng or random.Random()

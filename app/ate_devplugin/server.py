@@ -13,12 +13,13 @@ import grpc
 from google.protobuf.message_factory import GetMessageClass
 
 from ate_devplugin.api.v1beta1 import api_pb2 as pb
+from ate_devplugin.ports import SocketId, socket_identity
 from ate_devplugin.servicer import DevicePluginServicer
 
 log = logging.getLogger(__name__)
 
-
-STOP_MARGIN_S = 0.5
+# Only the kubelet (root) may call us: Allocate hands out device nodes.
+SOCKET_MODE = 0o600
 
 
 class ServeError(Exception):
@@ -45,25 +46,13 @@ def device_plugin_handler(servicer: DevicePluginServicer) -> grpc.GenericRpcHand
     return grpc.method_handlers_generic_handler(service.full_name, handlers)
 
 
-def socket_identity(path: str) -> tuple[int, int, int] | None:
-    """Tells one socket file from a later one of the same name, or None when absent.
-
-    The change time is part of it: some filesystems (ext4) give a socket bound again
-    right after an unlink the same inode number.
-    """
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
-
-
 class PluginServer:
-    def __init__(self, socket_path: str, servicer: DevicePluginServicer) -> None:
+    def __init__(self, socket_path: str, servicer: DevicePluginServicer, stop_margin: float = 0.5) -> None:
         self.socket_path = socket_path
         self.servicer = servicer
+        self.stop_margin = stop_margin
         self._server: grpc.aio.Server | None = None
-        self._identity: tuple[int, int, int] | None = None
+        self._identity: SocketId | None = None
 
     async def start(self) -> None:
         server = grpc.aio.server()
@@ -73,8 +62,14 @@ class PluginServer:
             # would make the bind fail; nobody else may own our socket's name.
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.socket_path)
-            server.add_insecure_port(f"unix:{self.socket_path}")
+            # The socket is made with the mode the umask leaves: narrow it from the start.
+            umask = os.umask(0o777 & ~SOCKET_MODE)
+            try:
+                server.add_insecure_port(f"unix:{self.socket_path}")
+            finally:
+                os.umask(umask)
             await server.start()
+            os.chmod(self.socket_path, SOCKET_MODE)
         except Exception as exc:
             await server.stop(None)
             raise ServeError(f"cannot serve on {self.socket_path}: {exc}") from exc
@@ -99,9 +94,11 @@ class PluginServer:
                 pass
             except OSError as exc:  # e.g. the directory turned read-only
                 log.warning("cannot remove %s: %s", self.socket_path, exc)
-        try:
-            # A client that stopped reading keeps a write pending for ever, and gRPC then
-            # never completes its shutdown: stop waiting shortly after the grace period.
-            await asyncio.wait_for(server.stop(grace), (grace or 0.0) + STOP_MARGIN_S)
-        except TimeoutError:
+        # A client that stopped reading keeps a write pending for ever, and gRPC then
+        # never completes its shutdown: stop waiting shortly after the grace period.
+        # (asyncio.wait, not wait_for: it never swallows a cancellation of ours.)
+        stopping = asyncio.ensure_future(server.stop(grace))
+        stopping.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved, not raised
+        done, _ = await asyncio.wait({stopping}, timeout=(grace or 0.0) + self.stop_margin)
+        if not done:
             log.warning("gRPC server on %s did not stop in time: a client is not reading", self.socket_path)

@@ -65,7 +65,7 @@ class DevicePluginServicer:
     async def ListAndWatch(self, request: pb.Empty, context: Context) -> AsyncIterator[bytes]:
         """Encoded ListAndWatchResponse messages: the full list now and after every change."""
         state = self.state
-        state.stream_opened()
+        token = state.stream_opened()
         self.metrics.list_and_watch_streams.labels(self.resource).inc()
         log.info("kubelet opened ListAndWatch", extra={"resource": self.resource})
         try:
@@ -93,7 +93,7 @@ class DevicePluginServicer:
                 self.metrics.list_and_watch_updates.labels(self.resource).inc()
                 await state.wait_for_change(seen)
         finally:
-            state.stream_closed()
+            state.stream_closed(token)
             self.metrics.list_and_watch_streams.labels(self.resource).dec()
             log.info("ListAndWatch ended", extra={"resource": self.resource})
 

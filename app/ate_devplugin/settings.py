@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ate_devplugin.config import (
@@ -31,6 +31,32 @@ KUBELET_SOCKET = "kubelet.sock"
 
 
 @dataclass(frozen=True)
+class Timing:
+    """Every timing knob of the lifecycle, in seconds: one place, so tests can shrink them."""
+
+    # Registered but the kubelet opened no stream (or dropped it) without restarting:
+    # wait this long for a restart before registering again.
+    stream_grace_s: float = 5.0
+    # The kubelet dials us back within Register with a 10 s timeout; allow it that and a margin.
+    register_timeout_s: float = 12.0
+    backoff_initial_s: float = 0.02
+    backoff_cap_s: float = 30.0
+    # gRPC server stop: grace for open calls, then this margin before giving up on it.
+    server_stop_grace_s: float = 1.0
+    server_stop_margin_s: float = 0.5
+    # Stopping one agent (its task, then its server) takes at most this long.
+    agent_stop_s: float = 2.5
+    # Reading and decoding a changed config file, in a worker thread.
+    reload_timeout_s: float = 5.0
+    # A batch of events not handled within this long is a stall: /healthz fails.
+    event_deadline_s: float = 10.0
+    # After a stop signal: agents, watcher and server are down within this long ...
+    shutdown_deadline_s: float = 3.0
+    # ... and spans flushed within this long (5 s in all, the chart grants 10 s).
+    trace_flush_s: float = 1.5
+
+
+@dataclass(frozen=True)
 class Settings:
     config: Path | None
     device_root: str
@@ -39,6 +65,7 @@ class Settings:
     metrics_port: int
     log_format: str
     log_level: str
+    timing: Timing = field(default_factory=Timing)
 
     @property
     def kubelet_socket(self) -> str:

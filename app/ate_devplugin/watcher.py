@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from watchdog.events import (
@@ -51,9 +52,9 @@ class FsEvent:
 
 
 class _Forward(FileSystemEventHandler):
-    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[FsEvent]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, put: Callable[[FsEvent], None]) -> None:
         self._loop = loop
-        self._queue = queue
+        self._put = put
 
     def on_any_event(self, event: FileSystemEvent) -> None:
         fs_event = FsEvent(
@@ -62,16 +63,17 @@ class _Forward(FileSystemEventHandler):
             dest_path=os.fsdecode(event.dest_path),
             is_directory=event.is_directory,
         )
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, fs_event)
+        self._loop.call_soon_threadsafe(self._put, fs_event)
 
 
 class Watcher:
     """Watches a set of directories, non-recursively, and can change the set at any time."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[FsEvent]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, put: Callable[[FsEvent], None]) -> None:
+        """``put`` receives every event, on the loop's thread."""
         self._observer = InotifyObserver(timeout=_DISPATCH_TIMEOUT_S)
         self._observer.daemon = True
-        self._handler = _Forward(loop, queue)
+        self._handler = _Forward(loop, put)
         # Each watch is kept with the directory's identity: a directory removed and
         # made again under the same name needs a new inotify watch.
         self._watches: dict[str, tuple[ObservedWatch, tuple[int, int]]] = {}
@@ -106,7 +108,9 @@ class Watcher:
             self._observer.unschedule(watch)
 
     def stop(self) -> None:
-        self._observer.unschedule_all()
+        """Drops every watch and ends the observer's threads, which close their inotify
+        instances (unscheduling alone leaves one open per observer)."""
+        self._observer.stop()
 
 
 def _identity(path: str) -> tuple[int, int] | None:

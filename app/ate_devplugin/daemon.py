@@ -1,0 +1,319 @@
+"""The daemon: routes typed events to the resource agents and supervises them.
+
+Root tasks are guarded: the event router and every agent; an unexpected end of any of
+them ends the daemon (exit 1, so the DaemonSet starts it afresh). Stopping is bounded
+and names what did not stop. A batch of events handled too slowly is a stall: /healthz
+fails and ``ate_devplugin_lifecycle_stalls_total`` says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from opentelemetry.trace import SpanKind
+
+from ate_devplugin.agent import Ports, ResourceAgent
+from ate_devplugin.config import ConfigError, ResourceConfig
+from ate_devplugin.devices import Discovery, discover, watch_dirs
+from ate_devplugin.events import (
+    AgentDied,
+    ConfigChanged,
+    DirectoryAppeared,
+    DirectoryGone,
+    Event,
+    KubeletSocketCreated,
+    Paths,
+    SocketGone,
+    Stop,
+    route,
+)
+from ate_devplugin.inventory import ResourceState
+from ate_devplugin.metrics import Metrics
+from ate_devplugin.ports import GrpcKubelet, HostFilesystem, SystemClock
+from ate_devplugin.reload import Worker, WorkerBusyError, read_resources
+from ate_devplugin.server import PluginServer
+from ate_devplugin.servicer import DevicePluginServicer
+from ate_devplugin.settings import Settings
+from ate_devplugin.tracing import Tracing
+from ate_devplugin.watcher import FsEvent, Watcher, nearest_existing
+
+log = logging.getLogger(__name__)
+
+
+class AgentDiedError(RuntimeError):
+    pass
+
+
+def host_ports(settings: Settings, metrics: Metrics, tracing: Tracing) -> Ports:
+    def make_server(state: ResourceState) -> PluginServer:
+        servicer = DevicePluginServicer(state, metrics, tracing.tracer)
+        return PluginServer(settings.socket_path(state.config), servicer, settings.timing.server_stop_margin_s)
+
+    return Ports(
+        fs=HostFilesystem(),
+        kubelet=GrpcKubelet(tracing.tracer, settings.timing.register_timeout_s),
+        clock=SystemClock(),
+        make_server=make_server,
+    )
+
+
+class Daemon:
+    def __init__(
+        self,
+        settings: Settings,
+        resources: tuple[ResourceConfig, ...],
+        metrics: Metrics,
+        tracing: Tracing,
+        ports: Ports | None = None,
+        discover: Callable[[ResourceConfig, str], Discovery] = discover,
+    ) -> None:
+        self.settings = settings
+        self.timing = settings.timing
+        self.resources = resources
+        self.metrics = metrics
+        self.tracing = tracing
+        self.ports = ports or host_ports(settings, metrics, tracing)
+        self._discover = discover
+        self.agents: dict[str, ResourceAgent] = {}
+        self._retiring: set[ResourceAgent] = set()
+        self._inbox: list[FsEvent | Event] = []
+        self._arrived = asyncio.Event()
+        self._stop: Stop | AgentDied | None = None
+        self._stopping = asyncio.Event()
+        self._watcher: Watcher | None = None
+        self._reader = Worker("config reload")
+        self._config_data: bytes | None = None  # the config file's bytes last read
+        self._kubelet = self.ports.fs.socket_identity(settings.kubelet_socket)  # to tell restarts
+        self._busy_since: float | None = None
+        self._stalls: dict[str, str] = {}  # reason -> what is stuck
+
+    # --- probes -----------------------------------------------------------------------
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready when every resource whose devices are present is registered and streaming."""
+        waiting = [a.name for a in self.agents.values() if a.state.discovery.complete and not a.serving]
+        if waiting:
+            return False, "not registered with a ListAndWatch stream: " + ", ".join(sorted(waiting))
+        present = sum(1 for a in self.agents.values() if a.state.discovery.complete)
+        return True, f"ok: {present} of {len(self.agents)} resources present and registered"
+
+    def liveness(self) -> tuple[bool, str]:
+        """Alive while events are handled in time and every agent stopped when told."""
+        if self._stalls:
+            return False, "; ".join(self._stalls.values())
+        return True, "ok"
+
+    # --- what the outside tells ---------------------------------------------------------
+
+    def put(self, event: FsEvent | Event) -> None:
+        if isinstance(event, Stop | AgentDied):
+            if self._stop is None:
+                self._stop = event
+            self._stopping.set()
+            return
+        self._inbox.append(event)
+        self._arrived.set()
+
+    def request_stop(self, why: str) -> None:
+        self.put(Stop(why))
+
+    def request_reload(self) -> None:
+        self.put(ConfigChanged())
+
+    # --- running ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Runs until a stop is requested; raises AgentDiedError when an agent died."""
+        loop = asyncio.get_running_loop()
+        self._watcher = Watcher(loop, self.put)
+        self._watcher.start()
+        for resource in self.resources:
+            self._add(resource)
+        self._refresh()
+        log.info(
+            "started",
+            extra={
+                "resources": [r.name for r in self.resources],
+                "device_root": self.settings.device_root,
+                "plugin_dir": self.settings.plugin_dir,
+            },
+        )
+        router = asyncio.create_task(self._route_events(), name="event router")
+        stopping = asyncio.create_task(self._stopping.wait(), name="stop request")
+        try:
+            await asyncio.wait({router, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            await self._shutdown(router)
+        if isinstance(self._stop, AgentDied):
+            # A resource nobody serves any more: exit, so the DaemonSet starts us afresh.
+            raise AgentDiedError(f"the agent for {self._stop.resource} died; see the error above")
+        if router.done() and not router.cancelled() and router.exception() is not None:
+            raise AgentDiedError("the event router died") from router.exception()
+
+    async def _shutdown(self, router: asyncio.Task[None]) -> None:
+        """Everything down within ``timing.shutdown_deadline_s``; names what is stuck."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timing.shutdown_deadline_s
+        if self._stop is not None:
+            log.info("stopping", extra={"why": getattr(self._stop, "why", "an agent died")})
+        while not router.done() and loop.time() < deadline:
+            router.cancel()
+            await asyncio.wait({router}, timeout=0.1)
+        stops = {asyncio.ensure_future(a.stop()): a.name for a in [*self.agents.values(), *self._retiring]}
+        if stops:
+            _, pending = await asyncio.wait(stops, timeout=max(0.0, deadline - loop.time()))
+            stuck = [stops[s] for s in pending]
+            if stuck or not router.done():
+                log.error(
+                    "shutdown deadline passed; still running: %s",
+                    ", ".join([*(f"agent {n}" for n in stuck), *(["event router"] if not router.done() else [])]),
+                )
+        if self._watcher is not None:
+            self._watcher.stop()
+
+    async def _route_events(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._arrived.wait()
+            self._arrived.clear()
+            batch, self._inbox = self._inbox, []
+            self._busy_since = loop.time()
+            watchdog = loop.call_later(self.timing.event_deadline_s, self._stalled, "event_handling", batch)
+            try:
+                await self._handle(batch)
+            finally:
+                watchdog.cancel()
+                self._busy_since = None
+                self._stalls.pop("event_handling", None)
+
+    def _stalled(self, reason: str, what: object) -> None:
+        self.metrics.lifecycle_stalls.labels(reason).inc()
+        message = f"{reason}: stuck for over {self.timing.event_deadline_s:.0f}s"
+        self._stalls[reason] = message
+        log.error("lifecycle stalled: %s", message, extra={"reason": reason, "stuck": repr(what)[:500]})
+
+    async def _handle(self, batch: list[FsEvent | Event]) -> None:
+        paths = Paths(
+            kubelet_socket=self.settings.kubelet_socket,
+            sockets={a.server.socket_path: a.name for a in self.agents.values()},
+            config=str(self.settings.config) if self.settings.config else None,
+        )
+        fs_events = [e for e in batch if isinstance(e, FsEvent)]
+        events = route(fs_events, paths) + [e for e in batch if not isinstance(e, FsEvent)]
+        reload = False
+        for event in events:
+            if isinstance(event, KubeletSocketCreated):
+                self._check_kubelet()
+            elif isinstance(event, SocketGone) and event.resource in self.agents:
+                self.agents[event.resource].wake()  # it checks whether its socket is really gone
+            elif isinstance(event, DirectoryGone) and self._watcher is not None:
+                self._watcher.forget(event.path)
+            elif isinstance(event, DirectoryAppeared):
+                for agent in self.agents.values():
+                    if not agent.server.socket_intact():
+                        agent.retry_now()
+            elif isinstance(event, ConfigChanged):
+                reload = True
+        if reload and self.settings.config is not None:
+            await self._reload()
+        self._refresh()
+
+    # --- agents -------------------------------------------------------------------------
+
+    def _add(self, resource: ResourceConfig) -> None:
+        self.metrics.add_resource(resource.name)
+        agent = ResourceAgent(
+            resource,
+            self.settings.kubelet_socket,
+            self.ports,
+            self.timing,
+            self.metrics,
+            self.tracing.tracer,
+            check_kubelet=self._check_kubelet,
+            on_death=lambda name, exc: self.put(AgentDied(name, exc)),
+        )
+        self.agents[resource.name] = agent
+        agent.start()
+
+    async def _remove(self, name: str) -> None:
+        agent = self.agents.pop(name)
+        self._retiring.add(agent)
+        try:
+            if not await agent.stop():
+                self.metrics.lifecycle_stalls.labels("agent_stop").inc()
+                self._stalls["agent_stop"] = f"agent_stop: the agent for {name} did not stop"
+        finally:
+            self._retiring.discard(agent)
+        if name not in self.agents:  # not added again meanwhile
+            self.metrics.remove_resource(name)
+
+    def _refresh(self) -> None:
+        """Arms watches first, then reads the state, so nothing falls between the two."""
+        self._rewatch()
+        for agent in self.agents.values():
+            agent.apply_discovery(self._discover(agent.config, self.settings.device_root))
+        self._check_kubelet()
+
+    def _rewatch(self) -> None:
+        assert self._watcher is not None
+        dirs = {nearest_existing(self.settings.plugin_dir)}
+        if self.settings.config:
+            dirs.add(nearest_existing(str(self.settings.config.parent)))
+        for agent in self.agents.values():
+            dirs |= watch_dirs(agent.config, self.settings.device_root)
+        self._watcher.watch(dirs)
+
+    def _check_kubelet(self) -> None:
+        """Notices a new kubelet by its socket's identity: a restart, seen once however told."""
+        current = self.ports.fs.socket_identity(self.settings.kubelet_socket)
+        if current is None or current == self._kubelet:
+            return
+        restarted, self._kubelet = self._kubelet is not None, current
+        if not restarted:
+            log.info("kubelet socket appeared")
+            for agent in self.agents.values():
+                agent.kubelet_changed(restarted=False)
+            return
+        self.metrics.kubelet_restarts.inc()
+        with self.tracing.tracer.start_as_current_span("kubelet restart", kind=SpanKind.INTERNAL):
+            log.info("new kubelet socket: registering again")
+            for agent in self.agents.values():
+                agent.kubelet_changed(restarted=True)
+
+    # --- config reload ------------------------------------------------------------------
+
+    async def _reload(self) -> None:
+        settings = self.settings
+        log.debug("reading the config file", extra={"path": str(settings.config)})
+        try:
+            data, resources = await self._reader.call(
+                lambda: read_resources(settings, self._config_data), self.timing.reload_timeout_s
+            )
+        except (ConfigError, TimeoutError, WorkerBusyError) as exc:
+            self._config_data = None  # read it again next time, even if unchanged
+            self._reload_failed(exc)
+            return
+        if resources is None:
+            return  # unchanged, or the same rejected file seen again
+        self._config_data = data
+        if isinstance(resources, ConfigError):
+            self._reload_failed(resources)
+            return
+        if resources == self.resources:
+            return
+        wanted = {r.name: r for r in resources}
+        gone = [n for n in self.agents if n not in wanted or self.agents[n].config != wanted[n]]
+        await asyncio.gather(*(self._remove(n) for n in gone))
+        for name, resource in wanted.items():
+            if name not in self.agents:
+                self._add(resource)
+        self.resources = resources
+        self.metrics.config_reloads.labels("success").inc()
+        log.info("config reloaded", extra={"resources": list(wanted)})
+
+    def _reload_failed(self, why: Exception) -> None:
+        self.metrics.config_reloads.labels("failure").inc()
+        log.error("config reload rejected, keeping the running config: %s", why)

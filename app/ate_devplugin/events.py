@@ -1,0 +1,84 @@
+"""Typed lifecycle events, and the pure routing of raw filesystem events to them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from ate_devplugin.watcher import FsEvent
+
+
+@dataclass(frozen=True)
+class KubeletSocketCreated:
+    """kubelet.sock made anew: the daemon checks its identity (restart, or first appearance)."""
+
+
+@dataclass(frozen=True)
+class SocketGone:
+    resource: str  # the resource whose socket path changed (removed, or renamed over)
+
+
+@dataclass(frozen=True)
+class DirectoryGone:
+    path: str  # a watched directory removed or renamed away: its watches go
+
+
+@dataclass(frozen=True)
+class DirectoryAppeared:
+    """Perhaps the plugin directory: agents that could not serve try again."""
+
+
+@dataclass(frozen=True)
+class ConfigChanged:
+    """The config file may have changed (or SIGHUP asked to read it again)."""
+
+
+@dataclass(frozen=True)
+class Stop:
+    why: str  # e.g. the signal's name
+
+
+@dataclass(frozen=True)
+class AgentDied:
+    resource: str
+    error: BaseException
+
+
+Event = KubeletSocketCreated | SocketGone | DirectoryGone | DirectoryAppeared | ConfigChanged | Stop | AgentDied
+
+
+@dataclass(frozen=True)
+class Paths:
+    """What the router needs to know about the paths that matter."""
+
+    kubelet_socket: str
+    sockets: Mapping[str, str]  # socket path -> resource name
+    config: str | None
+
+
+def route(batch: Iterable[FsEvent], paths: Paths) -> list[Event]:
+    """The typed events a batch of filesystem events means, each at most once, in order.
+
+    Device changes need no event of their own: after every batch the daemon discovers
+    every resource's devices again.
+    """
+    config_dir = os.path.dirname(paths.config) if paths.config else None
+    out: list[Event] = []
+    for e in batch:
+        moved_or_made = e.kind in ("created", "moved")
+        target = e.dest_path if e.kind == "moved" else e.path
+        if moved_or_made and target == paths.kubelet_socket:
+            out.append(KubeletSocketCreated())
+        if e.kind in ("deleted", "moved", "created"):
+            # Removed, renamed away, or something renamed or made over it.
+            for p in e.paths():
+                if p in paths.sockets:
+                    out.append(SocketGone(paths.sockets[p]))
+        if e.is_directory and e.kind in ("deleted", "moved"):
+            out.append(DirectoryGone(e.path))
+        if e.is_directory and moved_or_made:
+            out.append(DirectoryAppeared())
+        if config_dir and any(os.path.dirname(p) == config_dir for p in e.paths()):
+            out.append(ConfigChanged())
+    return list(dict.fromkeys(out))

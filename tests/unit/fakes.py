@@ -1,0 +1,108 @@
+"""Fake ports for unit tests of the agent and the daemon (no root, no sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from opentelemetry.context import Context
+
+from ate_devplugin.agent import Ports
+from ate_devplugin.inventory import ResourceState
+from ate_devplugin.ports import SocketId
+from ate_devplugin.registration import RegistrationError
+from ate_devplugin.server import ServeError
+
+
+@dataclass
+class FakeFs:
+    present: set[str] = field(default_factory=set)
+    identities: dict[str, SocketId] = field(default_factory=dict)
+
+    def exists(self, path: str) -> bool:
+        return path in self.present or path in self.identities
+
+    def socket_identity(self, path: str) -> SocketId | None:
+        return self.identities.get(path)
+
+
+@dataclass
+class FakeKubelet:
+    """Each Register pops the next outcome: None succeeds, a reason fails, "hang" never answers."""
+
+    outcomes: list[str | None] = field(default_factory=list)
+    calls: int = 0
+    opens_stream: list[ResourceState] = field(default_factory=list)
+    streams_of: Callable[[str], ResourceState | None] | None = None
+
+    async def register(self, kubelet_socket: str, endpoint: str, resource_name: str, cause: Context | None) -> None:
+        self.calls += 1
+        outcome = self.outcomes.pop(0) if self.outcomes else None
+        if outcome == "hang":
+            await asyncio.Event().wait()
+        if outcome is not None:
+            raise RegistrationError(outcome, f"register {resource_name}: {outcome}")
+        for state in self.opens_stream:  # the kubelet opens its stream within Register
+            state.stream_opened()
+        found = self.streams_of(resource_name) if self.streams_of else None
+        if found is not None:
+            found.stream_opened()
+
+
+@dataclass
+class FakeClock:
+    """Time moves only when something sleeps: backoffs and graces pass at once."""
+
+    now: float = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(0)
+        self.now += max(0.0, seconds)
+
+
+@dataclass
+class FakeServer:
+    socket_path: str
+    fail_starts: int = 0
+    crash: bool = False  # start raises what no agent expects
+    starts: int = 0
+    stops: int = 0
+    intact: bool = False
+
+    async def start(self) -> None:
+        self.starts += 1
+        if self.crash:
+            raise RuntimeError("injected")
+        if self.fail_starts:
+            self.fail_starts -= 1
+            raise ServeError(f"cannot serve on {self.socket_path}: injected")
+        self.intact = True
+
+    def socket_intact(self) -> bool:
+        return self.intact
+
+    async def stop(self, grace: float | None) -> None:
+        self.stops += 1
+        self.intact = False
+
+
+def fake_ports(fs: FakeFs, kubelet: FakeKubelet, clock: FakeClock, servers: dict[str, FakeServer]) -> Ports:
+    def make_server(state: ResourceState) -> FakeServer:
+        server = servers.setdefault(state.config.name, FakeServer(f"/plugins/{state.config.socket_name}"))
+        return server
+
+    return Ports(fs=fs, kubelet=kubelet, clock=clock, make_server=make_server)
+
+
+async def until(check: object, what: str, timeout: float = 5.0) -> None:
+    """Yields to the loop until ``check()`` holds (real time only bounds a failure)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():  # type: ignore[operator]
+        if loop.time() > deadline:
+            raise TimeoutError(what)
+        await asyncio.sleep(0.001)

@@ -1,0 +1,187 @@
+"""The daemon with fake kubelet, clock and servers; real inotify on temporary directories."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from opentelemetry.trace import NoOpTracerProvider
+from prometheus_client import CollectorRegistry
+
+from ate_devplugin import reload
+from ate_devplugin.config import ResourceConfig
+from ate_devplugin.daemon import AgentDiedError, Daemon
+from ate_devplugin.devices import DeviceNode, Discovery
+from ate_devplugin.metrics import Metrics
+from ate_devplugin.settings import Timing, resolve
+from ate_devplugin.tracing import Tracing
+from ate_devplugin.watcher import FsEvent
+from tests.unit.fakes import FakeClock, FakeFs, FakeKubelet, FakeServer, fake_ports, until
+
+KVM_ONLY = "resources: [{name: ate.dev/kvm, devices: [/dev/kvm]}]\n"
+KVM_AND_TUN = "resources: [{name: ate.dev/kvm, devices: [/dev/kvm]}, {name: ate.dev/tun, devices: [/dev/net/tun]}]\n"
+
+
+def found(config: ResourceConfig, root: str) -> Discovery:
+    return Discovery(nodes=tuple(DeviceNode(d, 10, 200) for d in config.devices), complete=True)
+
+
+class Setup:
+    def __init__(self, tmp_path: Path, config: str | None = None, **timing: float) -> None:
+        (tmp_path / "plugins").mkdir()
+        flags = {"device_root": str(tmp_path / "dev"), "plugin_dir": str(tmp_path / "plugins")}
+        if config is not None:
+            (tmp_path / "etc").mkdir()
+            self.config = tmp_path / "etc/config.yaml"
+            self.config.write_text(config)
+            flags["config"] = str(self.config)
+        settings = resolve(flags, {})
+        self.settings = replace(settings, timing=Timing(agent_stop_s=0.5, server_stop_grace_s=0.0, **timing))
+        resources = self.settings.load_resources()
+        self.kubelet_socket = self.settings.kubelet_socket
+        self.fs = FakeFs(identities={self.kubelet_socket: (1, 1, 1)})
+        self.kubelet = FakeKubelet()
+        self.servers: dict[str, FakeServer] = {}
+        self.metrics = Metrics(CollectorRegistry())
+        self.daemon = Daemon(
+            self.settings,
+            resources,
+            self.metrics,
+            Tracing(NoOpTracerProvider()),
+            fake_ports(self.fs, self.kubelet, FakeClock(), self.servers),
+            discover=found,
+        )
+        agents = self.daemon.agents  # the kubelet opens its stream within each Register
+        self.kubelet.streams_of = lambda name: agents[name].state if name in agents else None
+
+    def sample(self, name: str, **labels: str) -> float | None:
+        return self.metrics.registry.get_sample_value(name, labels)
+
+
+async def running(s: Setup) -> asyncio.Task[None]:
+    task = asyncio.create_task(s.daemon.run())
+    await until(lambda: s.daemon.agents and all(a.serving for a in s.daemon.agents.values()), "ready")
+    return task
+
+
+async def test_runs_until_asked_to_stop(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
+    task = await running(s)
+    assert s.daemon.readiness() == (True, "ok: 1 of 1 resources present and registered")
+    assert s.daemon.liveness() == (True, "ok")
+    s.daemon.request_stop("SIGTERM")
+    await asyncio.wait_for(task, 5)
+    assert all(server.stops >= 1 for server in s.servers.values())
+
+
+async def test_not_ready_while_not_registered(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
+    s.kubelet.outcomes = ["hang"]
+    task = asyncio.create_task(s.daemon.run())
+    await until(lambda: s.kubelet.calls == 1, "a hanging Register")
+    ready, why = s.daemon.readiness()
+    assert not ready
+    assert "ate.dev/kvm" in why
+    s.daemon.request_stop("SIGTERM")
+    await asyncio.wait_for(task, 5)
+
+
+async def test_a_kubelet_restart_is_counted_once_and_registers_again(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
+    task = await running(s)
+    calls = s.kubelet.calls
+    s.fs.identities[s.kubelet_socket] = (1, 2, 2)
+    s.daemon.put(FsEvent("created", s.kubelet_socket, "", False))
+    await until(lambda: s.kubelet.calls == calls + 1, "registered again")
+    assert s.sample("ate_devplugin_kubelet_restarts_total") == 1
+    # A chmod changes no identity (ctime is not part of it): no restart.
+    s.daemon.put(FsEvent("created", s.kubelet_socket, "", False))
+    await asyncio.sleep(0.05)
+    assert s.sample("ate_devplugin_kubelet_restarts_total") == 1
+    s.daemon.request_stop("SIGTERM")
+    await asyncio.wait_for(task, 5)
+
+
+async def test_config_reload_adds_and_removes_agents(tmp_path: Path) -> None:
+    s = Setup(tmp_path, KVM_ONLY)
+    task = await running(s)
+    s.config.write_text(KVM_AND_TUN)
+    await until(lambda: "ate.dev/tun" in s.daemon.agents, "tun added")
+    assert s.sample("ate_devplugin_config_reloads_total", result="success") == 1
+    s.daemon.request_reload()  # SIGHUP with nothing changed: nothing happens
+    s.config.write_text(KVM_ONLY)
+    await until(lambda: "ate.dev/tun" not in s.daemon.agents, "tun removed")
+    assert s.sample("ate_devplugin_registered", resource_name="ate.dev/tun") is None
+    s.daemon.request_stop("SIGTERM")
+    await asyncio.wait_for(task, 5)
+
+
+async def test_a_rejected_reload_keeps_the_running_config(tmp_path: Path) -> None:
+    s = Setup(tmp_path, KVM_ONLY)
+    task = await running(s)
+    s.config.write_text("resources: [{name: ate.dev/kvm, units: many}]\n")
+    await until(lambda: s.sample("ate_devplugin_config_reloads_total", result="failure") == 1, "rejected")
+    assert list(s.daemon.agents) == ["ate.dev/kvm"]
+    assert s.daemon.readiness()[0]
+    s.daemon.request_stop("SIGTERM")
+    await asyncio.wait_for(task, 5)
+
+
+async def test_a_reload_that_hangs_is_rejected_in_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = Setup(tmp_path, KVM_ONLY, reload_timeout_s=0.2)
+    task = await running(s)
+
+    def slow_read(path: Path) -> bytes:
+        time.sleep(1)
+        return b""
+
+    monkeypatch.setattr(reload, "read_config_file", slow_read)
+    s.daemon.request_reload()
+    await until(lambda: s.sample("ate_devplugin_config_reloads_total", result="failure") == 1, "timed out")
+    s.daemon.request_reload()  # the hanging read still runs: refused, not a second thread
+    await until(lambda: s.sample("ate_devplugin_config_reloads_total", result="failure") == 2, "refused")
+    s.daemon.request_stop("SIGTERM")
+    await asyncio.wait_for(task, 5)
+
+
+async def test_a_stall_fails_liveness_and_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = Setup(tmp_path, KVM_ONLY, event_deadline_s=0.1, reload_timeout_s=30)
+    task = await running(s)
+    release = asyncio.Event()
+
+    async def stuck() -> None:
+        await release.wait()
+
+    monkeypatch.setattr(s.daemon, "_reload", stuck)
+    s.daemon.request_reload()
+    await until(lambda: not s.daemon.liveness()[0], "liveness fails")
+    assert "event_handling" in s.daemon.liveness()[1]
+    assert s.sample("ate_devplugin_lifecycle_stalls_total", reason="event_handling") == 1
+    release.set()
+    await until(lambda: s.daemon.liveness()[0], "alive again once events flow")
+    s.daemon.request_stop("SIGTERM")
+    await asyncio.wait_for(task, 5)
+
+
+async def test_stop_is_bounded_even_mid_event(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = Setup(tmp_path, KVM_ONLY, shutdown_deadline_s=1.0)
+    task = await running(s)
+
+    async def stuck() -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(s.daemon, "_reload", stuck)
+    s.daemon.request_reload()
+    await asyncio.sleep(0.01)
+    s.daemon.request_stop("SIGTERM")
+    await asyncio.wait_for(task, 5)
+
+
+async def test_an_agent_that_dies_ends_the_daemon(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
+    s.servers["ate.dev/kvm"] = FakeServer("/plugins/kvm.sock", crash=True)
+    with pytest.raises(AgentDiedError, match=r"ate\.dev/kvm"):
+        await asyncio.wait_for(s.daemon.run(), 5)
