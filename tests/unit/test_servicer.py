@@ -97,7 +97,17 @@ async def test_allocate_answers_each_container_request(plugin: Plugin) -> None:
         (allocate("kvm-1", "kvm-1"), grpc.StatusCode.INVALID_ARGUMENT, "twice"),
         (allocate(), grpc.StatusCode.INVALID_ARGUMENT, "no device IDs"),
         (pb.AllocateRequest(), grpc.StatusCode.INVALID_ARGUMENT, "no container requests"),
-        (allocate(*[f"x-{n}" for n in range(100_000)]), grpc.StatusCode.INVALID_ARGUMENT, "100000 device ID(s)"),
+        (allocate(*[f"x-{n}" for n in range(5)]), grpc.StatusCode.INVALID_ARGUMENT, "5 device ID(s)"),
+        (
+            allocate(*[f"x-{n}" for n in range(100_000)]),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "100000 device IDs, more than the 8 units",
+        ),
+        (
+            pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["kvm-0"])] * 65),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "65 container requests",
+        ),
     ],
 )
 async def test_bad_allocate_gets_status_and_service_goes_on(
