@@ -41,6 +41,7 @@ UNITS = 4096
 NULL = DeviceNumber(1, 3)  # every benchmark device node copies /dev/null's numbers
 GDP_ENV = "ATE_BENCH_GENERIC_DEVICE_PLUGIN"
 GDP = "generic-device-plugin"
+BARE_PLUGIN = "bare-grpc-aio-plugin"
 
 
 def gdp_binary() -> Path | None:
@@ -333,6 +334,54 @@ class GoStubPreferred(GoStub):
     preferred = True
 
 
+class BarePlugin(Plugin):
+    """``bench.bare_grpc plugin``: the least a Python device plugin on grpc.aio does
+    (see there); the floor under each of our figures."""
+
+    key = BARE_PLUGIN
+    label = "bare grpc.aio device plugin (Python floor)"
+
+    def __init__(self, ns: Namespace, resources: Sequence[str], units: int, work: Path) -> None:
+        super().__init__(ns, resources, units, work)
+        if len(self.resources) != 1:
+            raise ValueError("the bare plugin serves one resource")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def spawn(self) -> None:
+        repo = Path(__file__).resolve().parents[1]
+        path = os.pathsep.join([str(repo), str(repo / "app"), os.environ.get("PYTHONPATH", "")])
+        argv = [sys.executable, "-m", "bench.bare_grpc", "plugin", self.socket, self.resource, str(self.units)]
+        self.proc = self.ns.spawn(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": path}
+        )
+
+    def started(self) -> None:
+        assert self.proc is not None
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != b"ready":
+            raise RuntimeError(f"bench.bare_grpc plugin did not start (exit {self.proc.poll()})")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    @property
+    def pids(self) -> list[int]:
+        return [self.proc.pid] if self.proc is not None and self.proc.poll() is None else []
+
+    @property
+    def socket(self) -> str:
+        return f"{PLUGIN_DIR}/bare-plugin.sock"
+
+    def cannot_remove_devices(self) -> str | None:
+        return "sends its list once and never looks at devices"
+
+
 class BarePeer:
     """An idle baseline (``bench.bare_grpc``) inside ``ns``: the bare server alone, or
     with a client process holding a stream open (that client is not measured)."""
@@ -404,7 +453,9 @@ class Env:
         self.ns.open()
         self.kubelet = KubeletBench(self.ns, self.version, verbosity=0, log_dir=self.work / "logs")
         self.kubelet.start()
-        names = resource_names("ate.dev" if self.peer_key in ("ours", GDP) else "example.com", self._resources)
+        names = resource_names(
+            "ate.dev" if self.peer_key in ("ours", GDP, BARE_PLUGIN) else "example.com", self._resources
+        )
         self.plugin = make_plugin(self.peer_key, self.ns, names, self._units, self.work, self.version, self._otlp)
         if start_plugin:
             self.plugin.start()
@@ -461,6 +512,8 @@ def make_plugin(
         return GoStubPreferred(ns, resources, units, work, version=version)
     if key == GDP:
         return GenericDevicePlugin(ns, resources, units, work)
+    if key == BARE_PLUGIN:
+        return BarePlugin(ns, resources, units, work)
     raise ValueError(f"unknown peer {key!r}")
 
 
@@ -469,6 +522,7 @@ PEER_LABELS: Mapping[str, str] = {
     GoStub.key: GoStub.label,
     GoStubPreferred.key: GoStubPreferred.label,
     GenericDevicePlugin.key: GenericDevicePlugin.label,
+    BarePlugin.key: BarePlugin.label,
     "bare-grpc-aio": "bare grpc.aio server (no services)",
     "bare-grpc-aio-stream": "bare grpc.aio server, one stream held open",
     "ours-tracing": "ate-devplugin, tracing on (OTLP)",

@@ -95,7 +95,7 @@ QUICK = Sizes(
     gdp_device_rounds=1,
     leak_restarts=2,
     leak_changes=1,
-    concurrency_levels=(1, 4),
+    concurrency_levels=(1, 2),
 )
 
 PEERS_ALLOCATE = ("ours", "go-stub", "go-stub-pref")
