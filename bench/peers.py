@@ -54,7 +54,7 @@ def gdp_missing() -> str | None:
     """Why the generic-device-plugin peer cannot run (None: it can)."""
     path = gdp_binary()
     if path is None:
-        return f"no binary given (--generic-device-plugin PATH or {GDP_ENV}); see bench/README.md"
+        return f"no binary given (--generic-device-plugin PATH or {GDP_ENV})"
     if not os.access(path, os.X_OK):
         return f"{path} is not an executable file"
     return None

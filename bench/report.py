@@ -620,8 +620,8 @@ per resource for every peer.
   open, as the kubelet holds ListAndWatch.
 - **{PEER_LABELS[GDP]}**: `github.com/squat/generic-device-plugin`, the plugin people run
   for this job, given as a binary (`--generic-device-plugin PATH` or
-  `ATE_BENCH_GENERIC_DEVICE_PLUGIN`; built outside this repository from its git snapshot
-  with its own `vendor/`, as `bench/README.md` says; build info under Machine). Same job:
+  `ATE_BENCH_GENERIC_DEVICE_PLUGIN`; built outside this repository, which holds none of
+  it; build info under Machine). Same job:
   `ate.dev/kvm`, one device node shared 4096 times (`count: 4096`), mounted at `/dev/kvm`,
   its `--plugin-directory` the namespace's kubelet directory. It polls its devices every
   5 s, its socket every 1 s, and serves again 5 s after its socket goes; it does not
