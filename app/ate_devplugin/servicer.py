@@ -12,6 +12,7 @@ import grpc
 from opentelemetry.trace import NoOpTracer, SpanKind, Tracer
 
 from ate_devplugin.api.v1beta1 import api_pb2 as pb
+from ate_devplugin.devices import DeviceNode
 from ate_devplugin.inventory import HEALTHY, ResourceState
 from ate_devplugin.metrics import Metrics
 from ate_devplugin.tracing import rpc_span, set_rpc_status, trace_id_exemplar
@@ -49,8 +50,9 @@ class DevicePluginServicer:
         self._traced = not isinstance(tracer, NoOpTracer)
         self.resource = state.config.name
         self._encoded: dict[str, bytes] = {}
-        # The answer for one container, remade only when the discovered nodes change.
-        self._container: tuple[object, pb.ContainerAllocateResponse] | None = None
+        # The answer for one container, remade only when the discovered nodes change
+        # (every filesystem event brings a new, usually equal, discovery).
+        self._container: tuple[tuple[DeviceNode, ...], pb.ContainerAllocateResponse] | None = None
         # Series children looked up once: labels() costs a lock and a dict per call.
         self._preferred_calls = metrics.preferred_allocation_requests.labels(self.resource)
         self._allocate_calls: dict[grpc.StatusCode, Any] = {}
@@ -177,8 +179,8 @@ class DevicePluginServicer:
         return pb.AllocateResponse(container_responses=[self._container_response()] * len(requests))
 
     def _container_response(self) -> pb.ContainerAllocateResponse:
-        discovery = self.state.discovery
-        if self._container is None or self._container[0] is not discovery:
+        nodes = self.state.discovery.nodes
+        if self._container is None or self._container[0] != nodes:
             config = self.state.config
             container = pb.ContainerAllocateResponse(
                 envs=dict(config.env),
@@ -188,10 +190,10 @@ class DevicePluginServicer:
                 ],
                 devices=[
                     pb.DeviceSpec(container_path=n.host_path, host_path=n.host_path, permissions=config.permissions)
-                    for n in discovery.nodes
+                    for n in nodes
                 ],
             )
-            self._container = (discovery, container)
+            self._container = (nodes, container)
         return self._container[1]
 
     def _preferred(self, request: pb.PreferredAllocationRequest) -> pb.PreferredAllocationResponse:

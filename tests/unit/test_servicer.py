@@ -157,6 +157,21 @@ async def test_pre_start_container_answers_empty(plugin: Plugin) -> None:
     assert response == pb.PreStartContainerResponse()
 
 
+async def test_allocate_follows_the_discovered_nodes(plugin: Plugin) -> None:
+    """The container answer is made once, and made again when the nodes change."""
+
+    async def devices() -> list[str]:
+        (container,) = (await plugin.stub.Allocate(allocate("kvm-0"))).container_responses
+        return [d.host_path for d in container.devices]
+
+    assert await devices() == ["/dev/kvm"]
+    plugin.state.update(Discovery(nodes=(DeviceNode("/dev/kvm", 10, 232),), complete=True))  # equal: kept
+    assert await devices() == ["/dev/kvm"]
+    nodes = (DeviceNode("/dev/kvm", 10, 232), DeviceNode("/dev/kvm1", 10, 233))
+    plugin.state.update(Discovery(nodes=nodes, complete=True))
+    assert await devices() == ["/dev/kvm", "/dev/kvm1"]
+
+
 async def test_list_and_watch_sends_full_set_on_connect_and_on_change(plugin: Plugin) -> None:
     stream = plugin.stub.ListAndWatch(pb.Empty())
     first = await stream.read()
