@@ -540,8 +540,18 @@ def _machine(data: dict[str, Any]) -> str:
             f"- Load average (1/5/15 min) at start {m.get('loadavg_at_start')}, at end {m.get('loadavg_at_end')}: "
             "the machine is shared with other builds and tests, so absolute numbers are noisy; "
             "ratios within one run are what this report compares.",
+            f"- Load average (1 min) before and after each phase: {_phase_load(data)}",
         ]
     )
+
+
+def _phase_load(data: dict[str, Any]) -> str:
+    load = data.get("loadavg", {})
+    phases = [k.split(":")[0] for k in load if k.endswith(":before")]
+    parts = [
+        f"{name} {load[f'{name}:before'][0]:.1f} → {load.get(f'{name}:after', [math.nan])[0]:.1f}" for name in phases
+    ]
+    return "; ".join(parts) or "not recorded"
 
 
 def _gdp_build(info: dict[str, Any]) -> str:
