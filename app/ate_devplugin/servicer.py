@@ -50,9 +50,10 @@ class DevicePluginServicer:
         self._traced = not isinstance(tracer, NoOpTracer)
         self.resource = state.config.name
         self._encoded: dict[str, bytes] = {}
-        # The answer for one container, remade only when the discovered nodes change
-        # (every filesystem event brings a new, usually equal, discovery).
-        self._container: tuple[tuple[DeviceNode, ...], pb.ContainerAllocateResponse] | None = None
+        # The answer for one container request (what the kubelet sends), remade only when
+        # the discovered nodes change (every filesystem event brings a new, usually equal,
+        # discovery). Messages are never changed after they are made, so one serves all calls.
+        self._answer_of_one: tuple[tuple[DeviceNode, ...], pb.AllocateResponse] | None = None
         # Series children looked up once: labels() costs a lock and a dict per call.
         self._preferred_calls = metrics.preferred_allocation_requests.labels(self.resource)
         self._allocate_calls: dict[grpc.StatusCode, Any] = {}
@@ -176,11 +177,14 @@ class DevicePluginServicer:
                 f"{self.resource}: device nodes are absent ({', '.join(state.config.devices)})",
             )
         # Every unit of a resource stands for the same device nodes: each container gets them once.
-        return pb.AllocateResponse(container_responses=[self._container_response()] * len(requests))
+        one = self._allocate_one()
+        if len(requests) == 1:
+            return one
+        return pb.AllocateResponse(container_responses=list(one.container_responses) * len(requests))
 
-    def _container_response(self) -> pb.ContainerAllocateResponse:
+    def _allocate_one(self) -> pb.AllocateResponse:
         nodes = self.state.discovery.nodes
-        if self._container is None or self._container[0] != nodes:
+        if self._answer_of_one is None or self._answer_of_one[0] != nodes:
             config = self.state.config
             container = pb.ContainerAllocateResponse(
                 envs=dict(config.env),
@@ -193,8 +197,8 @@ class DevicePluginServicer:
                     for n in nodes
                 ],
             )
-            self._container = (nodes, container)
-        return self._container[1]
+            self._answer_of_one = (nodes, pb.AllocateResponse(container_responses=[container]))
+        return self._answer_of_one[1]
 
     def _preferred(self, request: pb.PreferredAllocationRequest) -> pb.PreferredAllocationResponse:
         responses = []
