@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     report.write(data, markdown, result_path=result_path)
     print(result_path)
     print(markdown)
+    if data.get("error"):
+        print(f"bench: the run ended early: {data['error']}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -40,7 +40,7 @@ from typing import Any
 from bench import procstat
 from bench.peers import BARE_PLUGIN, GDP, UNITS, BarePeer, DeviceNodes, Env, GoStub, gdp_missing
 from bench.stats import summary_ms
-from harness.kubelet import Namespace
+from harness.kubelet import BenchError, Namespace
 from harness.otlp import OtlpReceiver
 
 log = logging.getLogger("bench")
@@ -175,6 +175,23 @@ class Suite:
     # -- run -----------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
+        """Every phase; a phase that fails ends the run, but what was measured is kept."""
+        error = None
+        try:
+            self._run()
+        except Exception as exc:
+            log.exception("the run failed")
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return {
+            "figures": self.figures,
+            "notes": self.notes,
+            "loadavg": self.load,
+            "phase_seconds": self.timings,
+            "sizes": asdict(self.sizes),
+            "error": error,
+        }
+
+    def _run(self) -> None:
         with OtlpReceiver() as otlp:
             envs = {p: self.env(p) for p in self.peers_allocate}
             mem_envs: dict[str, Env] = {}
@@ -251,13 +268,6 @@ class Suite:
         if self.gdp_missing:
             for figure in GDP_FIGURES:
                 self.put(figure, GDP, _na(f"squat/generic-device-plugin not run: {self.gdp_missing}"))
-        return {
-            "figures": self.figures,
-            "notes": self.notes,
-            "loadavg": self.load,
-            "phase_seconds": self.timings,
-            "sizes": asdict(self.sizes),
-        }
 
     @staticmethod
     def set_pods(envs: Iterable[Env], count: int) -> None:
@@ -580,18 +590,31 @@ class Suite:
     def growth(self, otlp_endpoint: str) -> None:
         s = self.sizes
         results: dict[str, dict[str, Any]] = {p: {"resources": {}} for p in PEERS}
+        failed: dict[str, str] = {}
         for n in s.growth:
             for key in PEERS:
+                if key in failed:
+                    continue
                 extra: dict[str, Any] = {"otlp_endpoint": otlp_endpoint} if key == "ours" else {}
-                with self.env(key, resources=n, **extra) as e:
-                    time.sleep(1.0)
-                    rss = procstat.total_rss_bytes(e.p.pids)
-                    results[key]["resources"][str(n)] = {"rss_mib": rss / MIB, "processes": len(e.p.pids)}
-                    if n == max(s.growth):
-                        why = e.p.cannot_scrape_metrics()
-                        self.put("metrics_scrape", key, _na(why) if why else self.scrape(e, n))
+                try:
+                    with self.env(key, resources=n, **extra) as e:
+                        time.sleep(1.0)
+                        rss = procstat.total_rss_bytes(e.p.pids)
+                        results[key]["resources"][str(n)] = {"rss_mib": rss / MIB, "processes": len(e.p.pids)}
+                        if n == max(s.growth):
+                            why = e.p.cannot_scrape_metrics()
+                            self.put("metrics_scrape", key, _na(why) if why else self.scrape(e, n))
+                except BenchError as exc:
+                    # E.g. 100 Go stub processes need 100 inotify instances, and the machine's
+                    # per-user limit (fs.inotify.max_user_instances) is shared with others.
+                    failed[key] = f"could not start {n} resources: {str(exc).splitlines()[0]}"
+                    log.warning("growth: %s: %s", key, failed[key])
         lo, hi = min(s.growth), max(s.growth)
         for key in PEERS:
+            if key in failed:
+                self.put("memory_growth", key, _na(failed[key]))
+                self.figures.setdefault("metrics_scrape", {}).setdefault(key, _na(failed[key]))
+                continue
             by_n = results[key]["resources"]
             results[key]["per_extra_resource_mib"] = (by_n[str(hi)]["rss_mib"] - by_n[str(lo)]["rss_mib"]) / (hi - lo)
             results[key]["units_per_resource"] = UNITS
