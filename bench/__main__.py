@@ -7,6 +7,9 @@
                                      plus bench/results/<time>-quick.md and .png
     python -m bench report FILE.json [--markdown PATH]   rewrite the markdown from a result file
 
+    --generic-device-plugin PATH (or ATE_BENCH_GENERIC_DEVICE_PLUGIN=PATH) adds
+    squat/generic-device-plugin, from a binary built outside this repository.
+
 Needs root (private mount namespaces), util-linux, and the kubelet bench binary
 (tools/build-kubelet-bench.sh, or KUBELET_BENCH_DIR pointing at a built one).
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shlex
 import signal
 import sys
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import machine, report
+from bench.peers import GDP_ENV, gdp_binary
 from bench.suite import FULL, QUICK, run_suite
 from tests.harness.kubelet import bench_binary, built_versions, missing_prerequisites
 
@@ -41,6 +46,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--results-dir", type=Path, default=REPO / "bench" / "results")
     run.add_argument("--markdown", type=Path, help="where the report goes (default: see above)")
     run.add_argument("--kubelet", help="kubelet release of the bench (default: newest built)")
+    run.add_argument(
+        "--generic-device-plugin",
+        type=Path,
+        help=f"binary of squat/generic-device-plugin to run as a peer (default: ${GDP_ENV})",
+    )
     rep = sub.add_parser("report", help="write the markdown report of a result file")
     rep.add_argument("result", type=Path)
     rep.add_argument("--markdown", type=Path, default=REPO / "docs" / "benchmarks.md")
@@ -68,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     if version is None or version not in built:
         print("bench: no kubelet bench built: run tools/build-kubelet-bench.sh", file=sys.stderr)
         return 2
+    if args.generic_device_plugin is not None:
+        os.environ[GDP_ENV] = str(args.generic_device_plugin.resolve())
     sizes = QUICK if args.quick else FULL
     mode = "quick" if args.quick else "full"
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -84,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         "started_utc": stamp,
         "command": "python -m bench " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
         "kubelet_release": version,
-        "machine": machine.describe(bench_binary(version)),
+        "machine": machine.describe(bench_binary(version), gdp_binary()),
     }
     data.update(run_suite(version, sizes))
     data["duration_s"] = round(time.monotonic() - started, 1)
@@ -95,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     report.write(data, markdown, result_path=result_path)
     print(result_path)
     print(markdown)
+    if data.get("error"):
+        print(f"bench: the run ended early: {data['error']}", file=sys.stderr)
+        return 1
     return 0
 
 

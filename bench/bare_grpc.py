@@ -3,15 +3,22 @@
     python -m bench.bare_grpc serve SOCKET    a server with one server-streaming method
                                               (x.Hold/Hold) that never sends
     python -m bench.bare_grpc hold SOCKET     a client that opens that stream and holds it
+    python -m bench.bare_grpc plugin SOCKET RESOURCE UNITS
+                                              the least a Python device plugin does: the
+                                              DevicePlugin service on grpc.aio, one
+                                              Register, the unit list sent once, answers
+                                              with no checks, metrics, tracing or logs
 
 ``serve`` alone is the bare server of issue 5; ``serve`` with a ``hold`` client is the
-same server while a peer holds a stream open, as the kubelet holds ListAndWatch. Each
-prints ``ready`` once serving (holding), then waits for SIGTERM/SIGINT.
+same server while a peer holds a stream open, as the kubelet holds ListAndWatch.
+``plugin`` is the Python floor of every figure next to squat/generic-device-plugin.
+Each prints ``ready`` once serving (holding), then waits for SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -63,9 +70,75 @@ async def _until_signal() -> None:
     await stop.wait()
 
 
+async def plugin(socket_path: str, resource: str, units: int) -> None:
+    from ate_devplugin.api.v1beta1 import api_pb2 as pb  # the API's generated messages only
+
+    options = pb.DevicePluginOptions(get_preferred_allocation_available=True)
+    devices = pb.ListAndWatchResponse(devices=[pb.Device(ID=f"u-{n}", health="Healthy") for n in range(units)])
+    container = pb.ContainerAllocateResponse(
+        devices=[pb.DeviceSpec(container_path="/dev/kvm", host_path="/dev/kvm", permissions="rw")]
+    )
+
+    async def list_and_watch(request: Any, context: Any) -> AsyncIterator[Any]:
+        yield devices
+        await asyncio.Event().wait()
+
+    async def preferred(request: Any, context: Any) -> Any:
+        return pb.PreferredAllocationResponse(
+            container_responses=[
+                pb.ContainerPreferredAllocationResponse(deviceIDs=c.available_deviceIDs[: c.allocation_size])
+                for c in request.container_requests
+            ]
+        )
+
+    async def allocate(request: Any, context: Any) -> Any:
+        return pb.AllocateResponse(container_responses=[container] * len(request.container_requests))
+
+    def unary(fn: Any, req: Any, resp: Any) -> Any:
+        return grpc.unary_unary_rpc_method_handler(
+            fn, request_deserializer=req.FromString, response_serializer=resp.SerializeToString
+        )
+
+    async def options_(request: Any, context: Any) -> Any:
+        return options
+
+    handlers = {
+        "GetDevicePluginOptions": unary(options_, pb.Empty, pb.DevicePluginOptions),
+        "GetPreferredAllocation": unary(preferred, pb.PreferredAllocationRequest, pb.PreferredAllocationResponse),
+        "Allocate": unary(allocate, pb.AllocateRequest, pb.AllocateResponse),
+        "ListAndWatch": grpc.unary_stream_rpc_method_handler(
+            list_and_watch,
+            request_deserializer=pb.Empty.FromString,
+            response_serializer=pb.ListAndWatchResponse.SerializeToString,
+        ),
+    }
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("v1beta1.DevicePlugin", handlers),))
+    server.add_insecure_port(f"unix:{socket_path}")
+    await server.start()
+    kubelet = f"unix:{os.path.join(os.path.dirname(socket_path), 'kubelet.sock')}"
+    async with grpc.aio.insecure_channel(kubelet) as channel:
+        register = channel.unary_unary(
+            "/v1beta1.Registration/Register",
+            request_serializer=pb.RegisterRequest.SerializeToString,
+            response_deserializer=pb.Empty.FromString,
+        )
+        request = pb.RegisterRequest(
+            version="v1beta1", endpoint=os.path.basename(socket_path), resource_name=resource, options=options
+        )
+        await register(request, timeout=10)
+    print("ready", flush=True)
+    await _until_signal()
+    os.unlink(socket_path)
+    await server.stop(0)
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["plugin"] and len(sys.argv) == 5:
+        asyncio.run(plugin(sys.argv[2], sys.argv[3], int(sys.argv[4])))
+        return 0
     if len(sys.argv) != 3 or sys.argv[1] not in ("serve", "hold"):
-        print("usage: python -m bench.bare_grpc serve|hold SOCKET", file=sys.stderr)
+        print("usage: python -m bench.bare_grpc serve|hold SOCKET | plugin SOCKET RESOURCE UNITS", file=sys.stderr)
         return 2
     asyncio.run(serve(sys.argv[2]) if sys.argv[1] == "serve" else hold(sys.argv[2]))
     return 0

@@ -60,6 +60,29 @@ def bench_build(binary: Path) -> dict[str, Any]:
         return {}
 
 
+def go_binary(binary: Path | None) -> dict[str, Any]:
+    """What a Go binary says it was built from (``go version -m``): Go release, module deps."""
+    if binary is None:
+        return {}
+    info: dict[str, Any] = {"path": str(binary)}
+    try:
+        info["sha256"] = hashlib.sha256(binary.read_bytes()).hexdigest()
+        out = subprocess.run(["go", "version", "-m", str(binary)], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return info
+    for line in out.splitlines():
+        parts = line.split()
+        if line.startswith(str(binary)) and len(parts) > 1:
+            info["go_version"] = parts[-1]
+        elif (
+            len(parts) >= 3 and parts[0] in ("mod", "dep") and parts[1] in ("google.golang.org/grpc", "k8s.io/kubelet")
+        ):
+            info[parts[1]] = parts[2]
+        elif len(parts) >= 2 and parts[0] == "build" and parts[1].startswith("vcs.revision="):
+            info["revision"] = parts[1].split("=", 1)[1]
+    return info
+
+
 def git_revision(repo: Path) -> str:
     """HEAD of the repository, with "+dirty.<hash>" when app/ differs from it."""
     try:
@@ -76,7 +99,7 @@ def git_revision(repo: Path) -> str:
     return (head or "unknown") + (f"+dirty.{hashlib.sha1(diff).hexdigest()[:8]}" if diff else "")
 
 
-def describe(bench_binary: Path) -> dict[str, Any]:
+def describe(bench_binary: Path, gdp: Path | None = None) -> dict[str, Any]:
     uname = os.uname()
     return {
         "nproc": os.cpu_count(),
@@ -91,5 +114,6 @@ def describe(bench_binary: Path) -> dict[str, Any]:
         "ate_devplugin": _pkg("ate-devplugin"),
         "git_revision": git_revision(Path(__file__).resolve().parents[1]),
         "kubelet_bench": bench_build(bench_binary),
+        "generic_device_plugin": go_binary(gdp),
         "loadavg_at_start": [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]],
     }

@@ -8,11 +8,17 @@ process per peer) so that a figure compares plugins and nothing else:
   ``k8s.io/kubernetes``), one process per resource, as upstream wrote it.
 * ``go-stub-pref``: the same stub advertising GetPreferredAllocation, so that the
   kubelet makes the same two RPCs per admission it makes to ours.
+* ``generic-device-plugin``: ``github.com/squat/generic-device-plugin`` (Go), the plugin
+  people run for this job, from a binary built outside this repository (its path by
+  ``--generic-device-plugin`` or ``ATE_BENCH_GENERIC_DEVICE_PLUGIN``); absent, its
+  figures say so.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -28,11 +34,31 @@ from typing import Any, Self
 from tests.harness.daemon import DevicePluginDaemon
 from tests.harness.devices import DeviceNumber, add_device_node
 from tests.harness.kubelet import PLUGIN_DIR, GoStubPlugin, KubeletBench, Namespace
-from tests.harness.net import free_port
+from tests.harness.net import free_port, http_get
 from tests.harness.process import stop_process
+from tests.harness.wait import wait_until
 
 UNITS = 4096
 NULL = DeviceNumber(1, 3)  # every benchmark device node copies /dev/null's numbers
+GDP_ENV = "ATE_BENCH_GENERIC_DEVICE_PLUGIN"
+GDP = "generic-device-plugin"
+BARE_PLUGIN = "bare-grpc-aio-plugin"
+
+
+def gdp_binary() -> Path | None:
+    """The generic-device-plugin binary the run was given, if any (never built here)."""
+    value = os.environ.get(GDP_ENV, "")
+    return Path(value) if value else None
+
+
+def gdp_missing() -> str | None:
+    """Why the generic-device-plugin peer cannot run (None: it can)."""
+    path = gdp_binary()
+    if path is None:
+        return f"no binary given (--generic-device-plugin PATH or {GDP_ENV})"
+    if not os.access(path, os.X_OK):
+        return f"{path} is not an executable file"
+    return None
 
 
 def resource_names(prefix: str, count: int) -> list[str]:
@@ -94,7 +120,28 @@ class Plugin(ABC):
         return self
 
 
-class OurDaemon(Plugin):
+class DeviceNodes:
+    """One device node per resource under ``work/dev`` (numbers of /dev/null), which the
+    bench removes and restores to play a device going away and coming back."""
+
+    def make_nodes(self, resources: Sequence[str], work: Path) -> None:
+        self.device_root = work / "dev"
+        self.nodes = {r: f"bench/{r.rsplit('/', 1)[1]}" for r in resources}
+        for node in self.nodes.values():
+            add_device_node(self.device_root, node, NULL)
+        self.first = resources[0]
+
+    def node_path(self, resource: str | None = None) -> Path:
+        return self.device_root / self.nodes[resource or self.first]
+
+    def remove_node(self, resource: str | None = None) -> None:
+        self.node_path(resource).unlink()
+
+    def restore_node(self, resource: str | None = None) -> None:
+        add_device_node(self.device_root, self.nodes[resource or self.first], NULL)
+
+
+class OurDaemon(Plugin, DeviceNodes):
     key = "ours"
     label = "ate-devplugin (Python)"
 
@@ -108,10 +155,7 @@ class OurDaemon(Plugin):
         otlp_endpoint: str | None = None,
     ) -> None:
         super().__init__(ns, resources, units, work)
-        self.device_root = work / "dev"
-        self.nodes = {r: f"bench/{r.rsplit('/', 1)[1]}" for r in self.resources}
-        for node in self.nodes.values():
-            add_device_node(self.device_root, node, NULL)
+        self.make_nodes(self.resources, work)
         entries = []
         for r in self.resources:
             entries.append(f"  - name: {r}\n    devices: [/dev/{self.nodes[r]}]\n    units: {units}\n")
@@ -150,18 +194,82 @@ class OurDaemon(Plugin):
         name = "ate-" + self.resource.replace("/", "-").replace(".", "-") + ".sock"
         return f"{PLUGIN_DIR}/{name}"
 
-    def node_path(self, resource: str | None = None) -> Path:
-        return self.device_root / self.nodes[resource or self.resource]
-
-    def remove_node(self, resource: str | None = None) -> None:
-        self.node_path(resource).unlink()
-
-    def restore_node(self, resource: str | None = None) -> None:
-        add_device_node(self.device_root, self.nodes[resource or self.resource], NULL)
-
     def metrics_port(self) -> int | None:
         port: int = self.daemon.port
         return port
+
+
+class GenericDevicePlugin(Plugin, DeviceNodes):
+    """squat/generic-device-plugin serving the same job as ours: each resource
+    ``<domain>/<name>`` is one device node, shared ``units`` times (its ``count``),
+    mounted at ``/dev/<name>``. It looks only at the namespace's kubelet directory and
+    a clean environment (it reads settings from any environment variable of a flag's
+    name, and from ``./config.yaml``: the working directory is the run's own)."""
+
+    key = GDP
+    label = "squat/generic-device-plugin (Go)"
+
+    def __init__(self, ns: Namespace, resources: Sequence[str], units: int, work: Path) -> None:
+        super().__init__(ns, resources, units, work)
+        binary = gdp_binary()
+        why = gdp_missing()
+        if binary is None or why is not None:
+            raise RuntimeError(f"generic-device-plugin: {why}")
+        self.binary = binary
+        self.make_nodes(self.resources, work)
+        domains = {r.split("/", 1)[0] for r in self.resources}
+        if len(domains) != 1:
+            raise ValueError("generic-device-plugin serves one domain per process")
+        self.argv: list[str] = [str(binary), "--domain", domains.pop(), "--plugin-directory", PLUGIN_DIR]
+        for r in self.resources:
+            name = r.rsplit("/", 1)[1]
+            group = {"count": units, "paths": [{"path": str(self.node_path(r)), "mountPath": f"/dev/{name}"}]}
+            self.argv += ["--device", json.dumps({"name": name, "groups": [group]})]
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = work / "logs" / "generic-device-plugin.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def spawn(self) -> None:
+        self.port = free_port()
+        argv = [*self.argv, "--listen", f"127.0.0.1:{self.port}", "--log-level", "info"]
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        with self.log_path.open("ab") as log:
+            self.proc = self.ns.spawn(argv, cwd=self.work, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
+
+    def started(self) -> None:
+        """Until its /health answers (it serves that before its plugin sockets)."""
+
+        def healthy() -> bool:
+            if self.proc is None or self.proc.poll() is not None:
+                raise RuntimeError(f"generic-device-plugin exited:\n{self.log_path.read_text()[-4000:]}")
+            with contextlib.suppress(OSError):
+                return http_get(f"http://127.0.0.1:{self.port}/health", timeout=5)[0] == 200
+            return False
+
+        wait_until(healthy, 30, "generic-device-plugin /health")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    @property
+    def pids(self) -> list[int]:
+        return [self.proc.pid] if self.proc is not None and self.proc.poll() is None else []
+
+    @property
+    def socket(self) -> str:
+        """Its socket is ``gdp-<base64 of the resource>-<start time>.sock``."""
+        prefix = "gdp-" + base64.b64encode(self.resource.encode()).decode()
+        names = [n for n in self.ns.sockets() if n.startswith(prefix + "-")]
+        if not names:
+            raise RuntimeError(f"no socket {prefix}-*.sock in {PLUGIN_DIR}")
+        return f"{PLUGIN_DIR}/{max(names)}"
 
 
 class GoStub(Plugin):
@@ -209,6 +317,54 @@ class GoStubPreferred(GoStub):
     key = "go-stub-pref"
     label = "kubelet Go stub + GetPreferredAllocation"
     preferred = True
+
+
+class BarePlugin(Plugin):
+    """``bench.bare_grpc plugin``: the least a Python device plugin on grpc.aio does
+    (see there); the floor under each of our figures."""
+
+    key = BARE_PLUGIN
+    label = "bare grpc.aio device plugin (Python floor)"
+
+    def __init__(self, ns: Namespace, resources: Sequence[str], units: int, work: Path) -> None:
+        super().__init__(ns, resources, units, work)
+        if len(self.resources) != 1:
+            raise ValueError("the bare plugin serves one resource")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def spawn(self) -> None:
+        repo = Path(__file__).resolve().parents[1]
+        path = os.pathsep.join([str(repo), str(repo / "app"), os.environ.get("PYTHONPATH", "")])
+        argv = [sys.executable, "-m", "bench.bare_grpc", "plugin", self.socket, self.resource, str(self.units)]
+        self.proc = self.ns.spawn(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": path}
+        )
+
+    def started(self) -> None:
+        assert self.proc is not None
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != b"ready":
+            raise RuntimeError(f"bench.bare_grpc plugin did not start (exit {self.proc.poll()})")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    @property
+    def pids(self) -> list[int]:
+        return [self.proc.pid] if self.proc is not None and self.proc.poll() is None else []
+
+    @property
+    def socket(self) -> str:
+        return f"{PLUGIN_DIR}/bare-plugin.sock"
+
+    def cannot_remove_devices(self) -> str | None:
+        return "sends its list once and never looks at devices"
 
 
 class BarePeer:
@@ -277,7 +433,9 @@ class Env:
         self.ns.open()
         self.kubelet = KubeletBench(self.ns, self.version, verbosity=0, log_dir=self.work / "logs")
         self.kubelet.start()
-        names = resource_names("ate.dev" if self.peer_key == "ours" else "example.com", self._resources)
+        names = resource_names(
+            "ate.dev" if self.peer_key in ("ours", GDP, BARE_PLUGIN) else "example.com", self._resources
+        )
         self.plugin = make_plugin(self.peer_key, self.ns, names, self._units, self.work, self.version, self._otlp)
         if start_plugin:
             self.plugin.start()
@@ -332,6 +490,10 @@ def make_plugin(
         return GoStub(ns, resources, units, work, version=version)
     if key == "go-stub-pref":
         return GoStubPreferred(ns, resources, units, work, version=version)
+    if key == GDP:
+        return GenericDevicePlugin(ns, resources, units, work)
+    if key == BARE_PLUGIN:
+        return BarePlugin(ns, resources, units, work)
     raise ValueError(f"unknown peer {key!r}")
 
 
@@ -339,9 +501,13 @@ PEER_LABELS: Mapping[str, str] = {
     OurDaemon.key: OurDaemon.label,
     GoStub.key: GoStub.label,
     GoStubPreferred.key: GoStubPreferred.label,
+    GenericDevicePlugin.key: GenericDevicePlugin.label,
+    BarePlugin.key: BarePlugin.label,
     "bare-grpc-aio": "bare grpc.aio server (no services)",
     "bare-grpc-aio-stream": "bare grpc.aio server, one stream held open",
     "ours-tracing": "ate-devplugin, tracing on (OTLP)",
+    "ours-restarted": "ate-devplugin after 12 kubelet restarts",
+    f"{GDP}-restarted": "generic-device-plugin after 12 kubelet restarts",
 }
 
 

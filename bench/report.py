@@ -9,17 +9,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.peers import PEER_LABELS
+from bench.peers import BARE_PLUGIN, GDP, PEER_LABELS
 
 NOT_MEASURED = "-"
-COLUMNS = ("ours", "ours-tracing", "go-stub", "go-stub-pref", "bare-grpc-aio", "bare-grpc-aio-stream")
-PEER_NOTES = (
-    "`github.com/squat/generic-device-plugin` is not available here: the Go module proxy answers "
-    '`403 Forbidden` ("not available") to `go list -m -versions` for it, and likewise for the other '
-    "Go device plugins looked up (`github.com/intel/intel-device-plugins-for-kubernetes`, "
-    "`github.com/kubevirt/kubernetes-device-plugins`, `github.com/kubevirt/device-plugin-manager`). "
-    "So nothing is under `tools/generic-device-plugin/`, and the Go peer is what the proxy serves: "
-    "the kubelet's own stub plugin from `k8s.io/kubernetes`, linked into the kubelet bench."
+COLUMNS = (
+    "ours",
+    "ours-tracing",
+    "ours-restarted",
+    GDP,
+    f"{GDP}-restarted",
+    "go-stub",
+    "go-stub-pref",
+    BARE_PLUGIN,
+    "bare-grpc-aio",
+    "bare-grpc-aio-stream",
 )
 
 
@@ -82,6 +85,17 @@ def rows(data: dict[str, Any]) -> list[Row]:
             "calls/s",
             True,
         ),
+        Row("admission_cpu", "CPU per admission through the kubelet", _f("cpu_ms_per_admission"), "ms"),
+    ]
+    out += [
+        Row(
+            "allocate_rpc_scaling",
+            f"Allocate at the socket, {n} caller(s): throughput",
+            _nested("callers", str(n), "calls_per_s"),
+            "calls/s",
+            True,
+        )
+        for n in sizes.get("concurrency_levels", [])
     ]
     for suffix, where in (("_empty", "empty node"), ("", f"{pods} pods holding a unit")):
         for stat, key in (("median", "median_ms"), ("max", "max_ms")):
@@ -104,6 +118,7 @@ def rows(data: dict[str, Any]) -> list[Row]:
     ]
     out += [
         Row("memory_growth", "RSS per extra resource", _f("per_extra_resource_mib"), "MiB"),
+        Row("idle", "RSS idle, registered", _f("rss_mib"), "MiB"),
         Row("idle", "Idle CPU", _f("cpu_s_per_min"), "CPU s/min"),
         Row("idle", "Idle context switches (median window)", _f("switches_per_min"), "per min"),
         Row("idle", "Idle context switches (median window)", _f("switches_per_s"), "per s"),
@@ -270,6 +285,145 @@ def targets(data: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def peer_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 11's rows: ours next to squat/generic-device-plugin, each ratio against its target."""
+    out: list[dict[str, Any]] = []
+    pods = data.get("sizes", {}).get("window", 100)
+    nproc = int(data.get("machine", {}).get("nproc") or 1)
+
+    def row(
+        label: str,
+        ours: float | None,
+        peer: float | None,
+        unit: str,
+        target: str,
+        met: Callable[[float], bool],
+        floor: float | None = None,
+    ) -> None:
+        ratio = ours / peer if ours is not None and peer else None
+        out.append(
+            {
+                "figure": label,
+                "ours": None if ours is None else f"{_fmt(ours)} {unit}",
+                "peer": None if peer is None else f"{_fmt(peer)} {unit}",
+                "floor": None if floor is None else f"{_fmt(floor)} {unit}",
+                "floor_ratio": floor / peer if floor is not None and peer else None,
+                "ratio": ratio,
+                "target": target,
+                "met": None if ratio is None else met(ratio),
+            }
+        )
+
+    def pair(figure: str, *keys: str, ours: str = "ours", peer: str = GDP) -> tuple[float | None, float | None]:
+        return _get(data, figure, ours, *keys), _get(data, figure, peer, *keys)
+
+    def floor(figure: str, *keys: str) -> float | None:
+        return _get(data, figure, BARE_PLUGIN, *keys)
+
+    faster = "< 1 (keep the win)"
+    o, g = pair("kubelet_restart", "median_ms")
+    row(f"kubelet restart → full, {pods} pods (median)", o, g, "ms", faster, lambda r: r < 1)
+    o, g = pair("device_loss", "median_ms")
+    row(f"device removed → kubelet, {pods} pods (median)", o, g, "ms", faster, lambda r: r < 1)
+    o, g = pair("device_return", "median_ms")
+    row(f"device restored → kubelet, {pods} pods (median)", o, g, "ms", faster, lambda r: r < 1)
+    rc = data["figures"].get("restarts_then_changes", {})
+    ours_rc, peer_rc = rc.get("ours", {}), rc.get(GDP, {})
+    if "seen" in ours_rc:
+        out.append(
+            {
+                "figure": f"device changes seen after {ours_rc.get('restarts')} kubelet restarts",
+                "ours": f"{ours_rc['seen']}/{ours_rc['changes']}",
+                "peer": f"{peer_rc['seen']}/{peer_rc['changes']}" if "seen" in peer_rc else None,
+                "ratio": None,
+                "target": "all seen",
+                "met": ours_rc["seen"] == ours_rc["changes"],
+            }
+        )
+    o, g = pair("idle", "switches_per_s")
+    row(
+        "idle wake-ups per second (context switches, fresh)",
+        o,
+        g,
+        "/s",
+        "≤ 1 (zero polling)",
+        lambda r: r <= 1,
+        floor("idle", "switches_per_s"),
+    )
+    o, g = pair("idle", "switches_per_s", ours="ours-restarted", peer=f"{GDP}-restarted")
+    row("idle wake-ups per second, after those restarts", o, g, "/s", "≤ 1", lambda r: r <= 1)
+    o, g = pair("admission_cpu", "cpu_ms_per_admission")
+    row(
+        "CPU per admission (Allocate + GetPreferredAllocation)",
+        o,
+        g,
+        "ms",
+        "≤ 2",
+        lambda r: r <= 2,
+        floor("admission_cpu", "cpu_ms_per_admission"),
+    )
+    o, g = pair("idle", "rss_mib")
+    row("RSS idle, registered (tracing off)", o, g, "MiB", "≤ 1.6", lambda r: r <= 1.6, floor("idle", "rss_mib"))
+    o, g = pair("cold_start", "p50_ms")
+    row("cold start → registered, p50", o, g, "ms", "≤ 2.5", lambda r: r <= 2.5, floor("cold_start", "p50_ms"))
+    scaling = data["figures"].get("allocate_rpc_scaling", {})
+    levels = [int(n) for n in data.get("sizes", {}).get("concurrency_levels", [])]
+    for n in levels:
+        o, g = pair("allocate_rpc_scaling", "callers", str(n), "calls_per_s")
+        top = n == max(levels)
+        row(
+            f"Allocate throughput at the socket, {n} caller(s)",
+            o,
+            g,
+            "calls/s",
+            "≥ 0.2" if top else "",
+            (lambda r: r >= 0.2) if top else (lambda r: True),
+            floor("allocate_rpc_scaling", "callers", str(n), "calls_per_s"),
+        )
+        if not top:
+            out[-1]["met"] = None
+    ours_tp = {int(k): v.get("calls_per_s") for k, v in scaling.get("ours", {}).get("callers", {}).items()}
+    if ours_tp and 1 in ours_tp:
+        cores = max(n for n in ours_tp if n <= max(nproc, 1))
+        grows = cores > 1 and ours_tp[cores] >= 1.1 * ours_tp[1]
+        shown = ", ".join(f"{n}: {_fmt(v)}" for n, v in sorted(ours_tp.items()))
+        out.append(
+            {
+                "figure": f"ours: throughput grows with callers up to the cores ({nproc})",
+                "ours": shown + " calls/s",
+                "peer": None,
+                "ratio": None,
+                "target": f"{cores} callers ≥ 1.1 times 1 caller",
+                "met": grows,
+            }
+        )
+    return out
+
+
+def _peer_table(data: dict[str, Any]) -> str:
+    rows_ = peer_targets(data)
+    if not rows_:
+        return "(not measured in this run)"
+    met = {True: "met", False: "**missed**", None: ""}
+    lines = [
+        f"| figure | ours | {PEER_LABELS[GDP]} | ours/peer | target (ours/peer) | | Python floor "
+        "(bare grpc.aio plugin) | floor/peer |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows_:
+        ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        fr = "" if r.get("floor_ratio") is None else f"{r['floor_ratio']:.2f}"
+        lines.append(
+            f"| {r['figure']} | {r['ours'] or NOT_MEASURED} | {r['peer'] or NOT_MEASURED} | {ratio} "
+            f"| {r['target']} | {met[r['met']]} | {r.get('floor') or ''} | {fr} |"
+        )
+    peer = data["figures"].get("cold_start", {}).get(GDP, {})
+    if "na" in peer:
+        lines.append("")
+        lines.append(f"The generic-device-plugin did not run: {peer['na']}")
+    return "\n".join(lines)
+
+
 # -- chart -----------------------------------------------------------------------------
 
 
@@ -382,11 +536,29 @@ def _machine(data: dict[str, Any]) -> str:
             ),
             f"- Go: {m.get('go')}; kubelet bench built with {kb.get('go_version')} against k8s.io/kubernetes "
             f"{kb.get('k8s_version')}",
+            f"- generic-device-plugin binary: {_gdp_build(m.get('generic_device_plugin') or {})}",
             f"- Load average (1/5/15 min) at start {m.get('loadavg_at_start')}, at end {m.get('loadavg_at_end')}: "
             "the machine is shared with other builds and tests, so absolute numbers are noisy; "
             "ratios within one run are what this report compares.",
+            f"- Load average (1 min) before and after each phase: {_phase_load(data)}",
         ]
     )
+
+
+def _phase_load(data: dict[str, Any]) -> str:
+    load = data.get("loadavg", {})
+    phases = [k.split(":")[0] for k in load if k.endswith(":before")]
+    parts = [
+        f"{name} {load[f'{name}:before'][0]:.1f} → {load.get(f'{name}:after', [math.nan])[0]:.1f}" for name in phases
+    ]
+    return "; ".join(parts) or "not recorded"
+
+
+def _gdp_build(info: dict[str, Any]) -> str:
+    if not info:
+        return "not given"
+    deps = ", ".join(f"{k} {v}" for k, v in info.items() if "/" in k and k != "path")
+    return f"{info.get('go_version')}, {deps}, sha256 {str(info.get('sha256', ''))[:16]}…"
 
 
 def _idle_threads(data: dict[str, Any]) -> str:
@@ -419,6 +591,11 @@ def _findings() -> str:
     return "\n## Findings (hand-written, from profiling; not regenerated)\n\n" + FINDINGS.read_text().strip() + "\n"
 
 
+def _ended_early(data: dict[str, Any]) -> str:
+    error = data.get("error")
+    return f"**The run ended early** ({error}): figures of later phases are missing." if error else ""
+
+
 def markdown(data: dict[str, Any], chart_name: str, result_rel: str) -> str:
     tbl, notes = table(data)
     tg = targets(data)
@@ -432,7 +609,8 @@ def markdown(data: dict[str, Any], chart_name: str, result_rel: str) -> str:
 
 Generated by `{data.get("command")}` ({data.get("mode")} run, {data.get("started_utc")},
 {data.get("duration_s")} s); raw numbers and every sample in `{result_rel}`.
-Rerun, as root: `python -m bench run` (full, about 10 minutes on 2 cores) or
+{_ended_early(data)}
+Rerun, as root: `python -m bench run` (full, about 20-30 minutes on 2 cores) or
 `python -m bench run --quick` (tiny sizes, what CI runs; its numbers mean nothing).
 
 ## Machine
@@ -456,7 +634,22 @@ per resource for every peer.
 - **{PEER_LABELS["bare-grpc-aio"]}**: the idle baseline (`bench/bare_grpc.py`); and
   **{PEER_LABELS["bare-grpc-aio-stream"]}**: the same while a client holds one stream
   open, as the kubelet holds ListAndWatch.
-- {PEER_NOTES}
+- **{PEER_LABELS[GDP]}**: `github.com/squat/generic-device-plugin`, the plugin people run
+  for this job, given as a binary (`--generic-device-plugin PATH` or
+  `ATE_BENCH_GENERIC_DEVICE_PLUGIN`; built outside this repository, which holds none of
+  it; build info under Machine). Same job:
+  `ate.dev/kvm`, one device node shared 4096 times (`count: 4096`), mounted at `/dev/kvm`,
+  its `--plugin-directory` the namespace's kubelet directory. It polls its devices every
+  5 s, its socket every 1 s, and serves again 5 s after its socket goes; it does not
+  advertise GetPreferredAllocation. `-restarted` columns: the same processes after the
+  kubelet restarts of `restarts_then_changes`.
+
+## Next to squat/generic-device-plugin (issue 11)
+
+Same run, same job, each through its own instance of the kubelet's device manager.
+Ratios are ours divided by the peer's; the reasons for each miss are in the findings below.
+
+{_peer_table(data)}
 
 ## Results
 

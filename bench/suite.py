@@ -18,6 +18,11 @@ produce a figure has ``{"na": "why"}`` instead of numbers:
    ``memory_growth``: resident memory with 1, 10, 100 resources on one node.
 6. ``idle``: CPU seconds and context switches per minute while nothing happens.
 7. ``metrics_scrape``: /metrics with the largest resource count of ``memory_growth``.
+8. Next to squat/generic-device-plugin (issue 11): ``admission_cpu`` (CPU seconds of the
+   plugin per admission through the kubelet), ``allocate_rpc_scaling`` (throughput at the
+   socket with 1..16 callers), ``restarts_then_changes`` (device changes the kubelet
+   still sees after 12 kubelet restarts), ``idle`` of each peer fresh and after those
+   restarts, with its resident memory.
 """
 
 from __future__ import annotations
@@ -33,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import procstat
-from bench.peers import UNITS, BarePeer, Env, GoStub, OurDaemon
+from bench.peers import BARE_PLUGIN, GDP, UNITS, BarePeer, DeviceNodes, Env, GoStub, gdp_missing
 from bench.stats import summary_ms
-from tests.harness.kubelet import Namespace
+from tests.harness.kubelet import BenchError, Namespace
 from tests.harness.otlp import OtlpReceiver
 
 log = logging.getLogger("bench")
@@ -54,7 +59,7 @@ class Sizes:
     rpc_calls: int = 2000
     concurrency: int = 16
     restarts: int = 30
-    stub_restarts: int = 30
+    stub_restarts: int = 10  # the Go stub takes a fixed 10 s each
     device_rounds: int = 30
     cold_starts: int = 10
     mem_allocs: int = 10_000
@@ -62,6 +67,12 @@ class Sizes:
     growth: tuple[int, ...] = (1, 10, 100)
     idle_s: float = 60.0
     scrapes: int = 200
+    # generic-device-plugin polls every 5 s and re-registers 5 s after a restart: fewer rounds.
+    gdp_restarts: int = 10
+    gdp_device_rounds: int = 10
+    leak_restarts: int = 12  # kubelet restarts before the device changes of restarts_then_changes
+    leak_changes: int = 3
+    concurrency_levels: tuple[int, ...] = (1, 2, 4, 8, 16)
 
 
 FULL = Sizes()
@@ -80,10 +91,31 @@ QUICK = Sizes(
     growth=(1, 2, 4),
     idle_s=5.0,
     scrapes=10,
+    gdp_restarts=1,
+    gdp_device_rounds=1,
+    leak_restarts=2,
+    leak_changes=1,
+    concurrency_levels=(1, 2),
 )
 
 PEERS_ALLOCATE = ("ours", "go-stub", "go-stub-pref")
 PEERS = ("ours", "go-stub")
+GDP_FIGURES = (
+    "allocate_kubelet_seq",
+    "admission_cpu",
+    "allocate_rpc_seq",
+    "allocate_rpc_conc",
+    "allocate_rpc_scaling",
+    "kubelet_restart",
+    "device_loss",
+    "device_return",
+    "restarts_then_changes",
+    "idle",
+    "cold_start",
+)
+# A change the generic-device-plugin has not passed on within this long is not coming:
+# it looks every 5 s.
+GDP_CHANGE_TIMEOUT_S = 15.0
 
 
 IDLE_WINDOW_S = 10.0
@@ -114,6 +146,11 @@ class Suite:
         self.notes: dict[str, str] = {}
         self.load: dict[str, list[float]] = {}
         self.timings: dict[str, float] = {}
+        self.gdp_missing = gdp_missing()
+        with_gdp = () if self.gdp_missing else (GDP,)
+        # The bare plugin is the Python floor: allocation, cold start and idle only.
+        self.peers_allocate = (*PEERS_ALLOCATE, *with_gdp, BARE_PLUGIN)
+        self.peers = (*PEERS, *with_gdp)
 
     # -- helpers -------------------------------------------------------------------
 
@@ -138,9 +175,28 @@ class Suite:
     # -- run -----------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
+        """Every phase; a phase that fails ends the run, but what was measured is kept."""
+        error = None
+        try:
+            self._run()
+        except Exception as exc:
+            log.exception("the run failed")
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return {
+            "figures": self.figures,
+            "notes": self.notes,
+            "loadavg": self.load,
+            "phase_seconds": self.timings,
+            "sizes": asdict(self.sizes),
+            "error": error,
+        }
+
+    def _run(self) -> None:
         with OtlpReceiver() as otlp:
-            envs = {p: self.env(p) for p in PEERS_ALLOCATE}
+            envs = {p: self.env(p) for p in self.peers_allocate}
             mem_envs: dict[str, Env] = {}
+            leak_envs: dict[str, Env] = {}
+            floor: Env | None = None
             try:
                 for e in envs.values():
                     e.open()
@@ -148,6 +204,8 @@ class Suite:
                     self.allocate_kubelet(envs)
                     self.allocate_rpc(envs)
                 envs.pop("go-stub-pref").close()
+                # Kept for the idle figure: it never registers again after a kubelet restart.
+                floor = envs.pop(BARE_PLUGIN)
                 # Device changes and restarts run on an empty node, then with `window` pods
                 # holding a unit: the kubelet's own handling of every device update grows
                 # with those pods. Device changes come before restarts: after a kubelet
@@ -157,44 +215,59 @@ class Suite:
                 # restarts follow the empty-node device changes.
                 with self.phase("empty_node"):
                     self.set_pods(envs.values(), 0)
-                    self.device_change(envs, suffix="_empty")
+                    # The generic-device-plugin's changes take seconds: with pods only.
+                    self.device_change({k: e for k, e in envs.items() if k != GDP}, suffix="_empty")
                     # The Go stub's restart takes its fixed 10 s either way: with pods only.
                     self.kubelet_restart({"ours": envs["ours"]}, suffix="_empty")
                 with self.phase("with_pods"):
                     self.set_pods(envs.values(), self.sizes.window)
                     self.device_change(envs)
                     self.kubelet_restart(envs)
+                with self.phase("restarts_then_changes"):
+                    leak_envs = {p: self.env(p) for p in ("ours", GDP) if p in self.peers}
+                    for e in leak_envs.values():
+                        e.open()
+                    self.restarts_then_changes(leak_envs)
                 with self.phase("memory"):
                     mem_envs = {
                         "ours": self.env("ours", otlp_endpoint=otlp.endpoint),
                         "go-stub": self.env("go-stub"),
                     }
+                    if GDP in self.peers:
+                        mem_envs[GDP] = self.env(GDP)
+                    fresh = {"ours-fresh": self.env("ours")}
+                    if GDP in self.peers:
+                        fresh["gdp-fresh"] = self.env(GDP)
+                    mem_envs.update(fresh)
                     for e in mem_envs.values():
                         e.open()
-                    self.memory(mem_envs)
+                    self.memory({k: e for k, e in mem_envs.items() if k not in fresh})
                     self.figures["memory"]["ours"]["spans_received"] = len(otlp.spans)
                 with self.phase("idle"):
-                    self.idle(
-                        {
-                            "ours": envs["ours"].p.pids,
-                            "ours-tracing": mem_envs["ours"].p.pids,
-                            "go-stub": envs["go-stub"].p.pids,
-                        }
-                    )
+                    # Fresh peers (registered, no kubelet restart yet, tracing off for ours),
+                    # and the same after the kubelet restarts of restarts_then_changes.
+                    subjects = {
+                        "ours": mem_envs["ours-fresh"].p.pids,
+                        "ours-tracing": mem_envs["ours"].p.pids,
+                        "go-stub": envs["go-stub"].p.pids,
+                    }
+                    if "gdp-fresh" in mem_envs:
+                        subjects[GDP] = mem_envs["gdp-fresh"].p.pids
+                    for key, e in leak_envs.items():
+                        subjects[f"{key}-restarted"] = e.p.pids
+                    if floor is not None:
+                        subjects[BARE_PLUGIN] = floor.p.pids
+                    self.idle(subjects)
             finally:
-                for e in [*envs.values(), *mem_envs.values()]:
+                for e in [*envs.values(), *mem_envs.values(), *leak_envs.values(), *([floor] if floor else [])]:
                     e.close()
             with self.phase("cold_start"):
                 self.cold_start()
             with self.phase("growth"):
                 self.growth(otlp.endpoint)
-        return {
-            "figures": self.figures,
-            "notes": self.notes,
-            "loadavg": self.load,
-            "phase_seconds": self.timings,
-            "sizes": asdict(self.sizes),
-        }
+        if self.gdp_missing:
+            for figure in GDP_FIGURES:
+                self.put(figure, GDP, _na(f"squat/generic-device-plugin not run: {self.gdp_missing}"))
 
     @staticmethod
     def set_pods(envs: Iterable[Env], count: int) -> None:
@@ -210,6 +283,7 @@ class Suite:
         """Sequential admissions through each peer's kubelet, interleaved in blocks."""
         s = self.sizes
         samples: dict[str, list[float]] = {p: [] for p in envs}
+        cpu: dict[str, float] = dict.fromkeys(envs, 0.0)
         counters = dict.fromkeys(envs, 0)
 
         def admit(e: Env, n: int) -> list[float]:
@@ -230,7 +304,9 @@ class Suite:
         while done < s.seq_pods:
             n = min(s.block, s.seq_pods - done)
             for key, e in envs.items():
+                before = sum(procstat.cpu_seconds(pid) for pid in e.p.pids)
                 samples[key] += admit(e, n)
+                cpu[key] += sum(procstat.cpu_seconds(pid) for pid in e.p.pids) - before
             done += n
         for key, e in envs.items():
             value = summary_ms(samples[key])
@@ -239,6 +315,18 @@ class Suite:
                 # The kubelet's own histogram: the Allocate RPC alone, without the preferred call.
                 value["kubelet_alloc_rpc_mean_ms"] = alloc["sum"] / alloc["count"] * 1000
             self.put("allocate_kubelet_seq", key, value)
+            self.put(
+                "admission_cpu",
+                key,
+                {"cpu_ms_per_admission": cpu[key] * 1000 / len(samples[key]), "admissions": len(samples[key])},
+            )
+        self.notes["admission_cpu"] = (
+            "utime + stime of the plugin's process(es) (/proc/<pid>/stat, 10 ms ticks) over the "
+            "sequential admissions through the kubelet, divided by their number; the pods that "
+            "end meanwhile cost the plugin nothing. Ours and the preferring stub get two RPCs "
+            "per admission (GetPreferredAllocation with every free unit, then Allocate); the "
+            "generic-device-plugin and the plain stub get Allocate only."
+        )
 
     def rpc_load(self, e: Env, count: int, concurrency: int, ids: list[str]) -> dict[str, Any]:
         r = e.k.request(
@@ -274,6 +362,16 @@ class Suite:
                 continue
             self.put("allocate_rpc_seq", key, self.rpc_load(e, s.rpc_calls, 1, ids))
             self.put("allocate_rpc_conc", key, self.rpc_load(e, s.rpc_calls, s.concurrency, ids))
+            scaling: dict[str, Any] = {}
+            for callers in s.concurrency_levels:
+                r = self.rpc_load(e, s.rpc_calls, callers, ids)
+                scaling[str(callers)] = {k: r[k] for k in ("calls_per_s", "p50_ms", "p99_ms", "errors")}
+            self.put("allocate_rpc_scaling", key, {"callers": scaling})
+        self.notes["allocate_rpc_scaling"] = (
+            f"{s.rpc_calls} admissions' worth of RPCs at the plugin's socket (GetPreferredAllocation "
+            "then Allocate when the plugin advertises the former) from 1..16 goroutines sharing one "
+            "connection, as the kubelet's client; throughput = calls / wall time."
+        )
 
     # -- 2. kubelet restart ---------------------------------------------------------
 
@@ -296,7 +394,7 @@ class Suite:
         start_s: dict[str, list[float]] = {p: [] for p in envs}
         for i in range(max(s.restarts, s.stub_restarts)):
             for key, e in envs.items():
-                wanted = s.restarts if key == "ours" else s.stub_restarts
+                wanted = {"ours": s.restarts, GDP: s.gdp_restarts}.get(key, s.stub_restarts)
                 if i >= wanted:
                     continue
                 took, start = self.restart_once(e, timeout=60.0)
@@ -322,19 +420,21 @@ class Suite:
         for key, e in envs.items():
             plugin = e.p
             why = plugin.cannot_remove_devices()
-            if why is not None or not isinstance(plugin, OurDaemon):
+            if why is not None or not isinstance(plugin, DeviceNodes):
                 self.put("device_loss" + suffix, key, _na(why or "not supported"))
                 self.put("device_return" + suffix, key, _na(why or "not supported"))
                 continue
             loss: list[float] = []
             back: list[float] = []
             u = plugin.units
-            for _ in range(s.device_rounds):
-                pending = e.k.begin_wait(plugin.resource, capacity=u, allocatable=0, timeout=10)
+            rounds, timeout = (s.gdp_device_rounds, 30.0) if key == GDP else (s.device_rounds, 10.0)
+            for _ in range(rounds):
+                # Ours marks the units unhealthy; the generic-device-plugin drops them.
+                pending = e.k.begin_wait(plugin.resource, allocatable=0, timeout=timeout)
                 t0 = time.monotonic_ns()
                 plugin.remove_node()
                 loss.append((pending.result().done_monotonic_ns - t0) / 1e9)
-                pending = e.k.begin_wait(plugin.resource, capacity=u, allocatable=u, timeout=10)
+                pending = e.k.begin_wait(plugin.resource, capacity=u, allocatable=u, timeout=timeout)
                 t0 = time.monotonic_ns()
                 plugin.restore_node()
                 back.append((pending.result().done_monotonic_ns - t0) / 1e9)
@@ -360,11 +460,57 @@ class Suite:
                 samples.append((pending.result().done_monotonic_ns - t0) / 1e9)
         return summary_ms(samples)
 
+    def restarts_then_changes(self, envs: dict[str, Env]) -> None:
+        """``leak_restarts`` kubelet restarts on an empty node, then ``leak_changes`` device
+        removals (each restored afterwards): how many of them reach the kubelet at all."""
+        s = self.sizes
+        for key, e in envs.items():
+            plugin = e.p
+            assert isinstance(plugin, DeviceNodes)
+            restarts = [self.restart_once(e, timeout=60.0)[0] for _ in range(s.leak_restarts)]
+            timeout = GDP_CHANGE_TIMEOUT_S if key == GDP else 5.0
+            seen: list[float | None] = []
+            for _ in range(s.leak_changes):
+                for change, allocatable in ((plugin.remove_node, 0), (plugin.restore_node, plugin.units)):
+                    pending = e.k.begin_wait(plugin.resource, allocatable=allocatable, timeout=timeout)
+                    t0 = time.monotonic_ns()
+                    change()
+                    try:
+                        took: float | None = (pending.result().done_monotonic_ns - t0) / 1e9
+                    except TimeoutError:
+                        took = None
+                    if allocatable == 0:
+                        seen.append(took)
+                    elif took is None:
+                        # The return was not seen either: the next removal would look unseen
+                        # for that reason alone. Wait for it as long as it takes.
+                        e.k.wait(plugin.resource, allocatable=plugin.units, timeout=120.0)
+            self.put(
+                "restarts_then_changes",
+                key,
+                {
+                    "restarts": len(restarts),
+                    "changes": len(seen),
+                    "seen": sum(1 for t in seen if t is not None),
+                    "timeout_s": timeout,
+                    "seen_ms": [None if t is None else t * 1000 for t in seen],
+                    "restart_median_ms": statistics.median(restarts) * 1000 if restarts else None,
+                },
+            )
+        self.notes["restarts_then_changes"] = (
+            f"A fresh plugin on an empty node; {s.leak_restarts} kubelet restarts (each until full "
+            f"allocatable again), then {s.leak_changes} times: device node removed (seen = the "
+            "kubelet's allocatable reaches 0 within the timeout, 5 s for ours, "
+            f"{GDP_CHANGE_TIMEOUT_S:.0f} s = three of the generic-device-plugin's polling periods), "
+            "then restored. The idle figure `-restarted` is these processes afterwards."
+        )
+
     # -- 4. cold start --------------------------------------------------------------
 
     def cold_start(self) -> None:
-        samples: dict[str, list[float]] = {p: [] for p in PEERS}
-        envs = {p: self.env(p) for p in PEERS}
+        peers = (*self.peers, BARE_PLUGIN)
+        samples: dict[str, list[float]] = {p: [] for p in peers}
+        envs = {p: self.env(p) for p in peers}
         try:
             for e in envs.values():
                 e.open(start_plugin=False)
@@ -382,7 +528,7 @@ class Suite:
         finally:
             for e in envs.values():
                 e.close()
-        for key in PEERS:
+        for key in peers:
             self.put("cold_start", key, summary_ms(samples[key]))
         self.notes["cold_start"] = (
             "From just before the process is spawned (through nsenter into the bench's mount "
@@ -444,18 +590,31 @@ class Suite:
     def growth(self, otlp_endpoint: str) -> None:
         s = self.sizes
         results: dict[str, dict[str, Any]] = {p: {"resources": {}} for p in PEERS}
+        failed: dict[str, str] = {}
         for n in s.growth:
             for key in PEERS:
+                if key in failed:
+                    continue
                 extra: dict[str, Any] = {"otlp_endpoint": otlp_endpoint} if key == "ours" else {}
-                with self.env(key, resources=n, **extra) as e:
-                    time.sleep(1.0)
-                    rss = procstat.total_rss_bytes(e.p.pids)
-                    results[key]["resources"][str(n)] = {"rss_mib": rss / MIB, "processes": len(e.p.pids)}
-                    if n == max(s.growth):
-                        why = e.p.cannot_scrape_metrics()
-                        self.put("metrics_scrape", key, _na(why) if why else self.scrape(e, n))
+                try:
+                    with self.env(key, resources=n, **extra) as e:
+                        time.sleep(1.0)
+                        rss = procstat.total_rss_bytes(e.p.pids)
+                        results[key]["resources"][str(n)] = {"rss_mib": rss / MIB, "processes": len(e.p.pids)}
+                        if n == max(s.growth):
+                            why = e.p.cannot_scrape_metrics()
+                            self.put("metrics_scrape", key, _na(why) if why else self.scrape(e, n))
+                except BenchError as exc:
+                    # E.g. 100 Go stub processes need 100 inotify instances, and the machine's
+                    # per-user limit (fs.inotify.max_user_instances) is shared with others.
+                    failed[key] = f"could not start {n} resources: {str(exc).splitlines()[0]}"
+                    log.warning("growth: %s: %s", key, failed[key])
         lo, hi = min(s.growth), max(s.growth)
         for key in PEERS:
+            if key in failed:
+                self.put("memory_growth", key, _na(failed[key]))
+                self.figures.setdefault("metrics_scrape", {}).setdefault(key, _na(failed[key]))
+                continue
             by_n = results[key]["resources"]
             results[key]["per_extra_resource_mib"] = (by_n[str(hi)]["rss_mib"] - by_n[str(lo)]["rss_mib"]) / (hi - lo)
             results[key]["units_per_resource"] = UNITS
@@ -474,6 +633,7 @@ class Suite:
         windows = max(1, round(self.sizes.idle_s / IDLE_WINDOW_S))
         length = self.sizes.idle_s / windows
         per_window: dict[str, list[tuple[float, procstat.IdleCost]]] = {}
+        rss: dict[str, int] = {}
         with Namespace() as ns:
             bares = [BarePeer(ns).start(), BarePeer(ns, held_stream=True).start()]
             try:
@@ -485,6 +645,7 @@ class Suite:
                     time.sleep(length)
                     seconds = time.monotonic() - t0
                     after = {k: [procstat.Snapshot.take(p) for p in v] for k, v in subjects.items()}
+                    rss = {k: procstat.total_rss_bytes(v) for k, v in subjects.items()}
                     for key in subjects:
                         costs = [
                             procstat.idle_cost(b, a, seconds) for b, a in zip(before[key], after[key], strict=True)
@@ -521,6 +682,7 @@ class Suite:
                     "own_switches_per_min": by_thread.get("python", 0) * 60 / seconds,
                     "threads": costs[-1].threads,
                     "switches_by_thread": by_thread,
+                    "rss_mib": rss.get(key, 0) / MIB,
                 },
             )
         self.notes["idle"] = (

@@ -9,9 +9,10 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
-from opentelemetry.trace import SpanKind, Tracer
+from opentelemetry.trace import NoOpTracer, SpanKind, Tracer
 
 from ate_devplugin.api.v1beta1 import api_pb2 as pb
+from ate_devplugin.devices import DeviceNode
 from ate_devplugin.inventory import HEALTHY, ResourceState
 from ate_devplugin.metrics import Metrics
 from ate_devplugin.tracing import rpc_span, set_rpc_status, trace_id_exemplar
@@ -20,6 +21,9 @@ log = logging.getLogger(__name__)
 
 SERVICE = "v1beta1.DevicePlugin"
 OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+# The kubelet sends one container request per call; a bound keeps a hostile caller from
+# holding the event loop (and everyone else) with thousands of them.
+MAX_CONTAINER_REQUESTS = 64
 
 # The servicer's methods see the context only to abort with a status.
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -42,8 +46,18 @@ class DevicePluginServicer:
         self.state = state
         self.metrics = metrics
         self.tracer = tracer
+        # The API's no-op tracer (tracing off) records nothing: skip span work altogether.
+        self._traced = not isinstance(tracer, NoOpTracer)
         self.resource = state.config.name
         self._encoded: dict[str, bytes] = {}
+        # The answer for one container request (what the kubelet sends), remade only when
+        # the discovered nodes change (every filesystem event brings a new, usually equal,
+        # discovery). Messages are never changed after they are made, so one serves all calls.
+        self._answer_of_one: tuple[tuple[DeviceNode, ...], pb.AllocateResponse] | None = None
+        # Series children looked up once: labels() costs a lock and a dict per call.
+        self._preferred_calls = metrics.preferred_allocation_requests.labels(self.resource)
+        self._allocate_calls: dict[grpc.StatusCode, Any] = {}
+        self._allocate_seconds = metrics.allocate_duration.labels(self.resource)
 
     async def GetDevicePluginOptions(self, request: pb.Empty, context: Context) -> pb.DevicePluginOptions:
         return await self._unary("GetDevicePluginOptions", request, context, self._options)
@@ -54,7 +68,7 @@ class DevicePluginServicer:
     async def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: Context
     ) -> pb.PreferredAllocationResponse:
-        self.metrics.preferred_allocation_requests.labels(self.resource).inc()
+        self._preferred_calls.inc()
         return await self._unary("GetPreferredAllocation", request, context, self._preferred)
 
     async def PreStartContainer(
@@ -114,8 +128,21 @@ class DevicePluginServicer:
         return encoded
 
     def _check_ids(self, ids: Sequence[str], what: str) -> set[str]:
-        """The IDs as a set, once every one is a unit of this resource, listed once."""
+        """The IDs as a set, once every one is a unit of this resource, listed once.
+
+        Set operations in C only: the kubelet offers every free unit (thousands) in each
+        GetPreferredAllocation.
+        """
+        if len(ids) > self.state.config.units:
+            raise RequestError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{what}: {len(ids)} device IDs, more than the {self.state.config.units} units of {self.resource}",
+            )
         unique = set(ids)
+        if unique <= self.state.known_ids:
+            if len(unique) != len(ids):
+                raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: a device ID is listed twice")
+            return unique
         unknown = unique.difference(self.state.known_ids)
         if unknown:
             shown = ", ".join(_short(i) for i in sorted(unknown)[:3]) + (" ..." if len(unknown) > 3 else "")
@@ -127,11 +154,20 @@ class DevicePluginServicer:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: a device ID is listed twice")
         return unique
 
-    def _allocate(self, request: pb.AllocateRequest) -> pb.AllocateResponse:
-        if not request.container_requests:
+    def _container_requests(self, requests: Sequence[Req]) -> Sequence[Req]:
+        if not requests:
             raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, "no container requests")
+        if len(requests) > MAX_CONTAINER_REQUESTS:
+            raise RequestError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{len(requests)} container requests, more than {MAX_CONTAINER_REQUESTS} in one call",
+            )
+        return requests
+
+    def _allocate(self, request: pb.AllocateRequest) -> pb.AllocateResponse:
+        requests = self._container_requests(request.container_requests)
         state = self.state
-        for n, creq in enumerate(request.container_requests):
+        for n, creq in enumerate(requests):
             if not creq.devices_ids:
                 raise RequestError(grpc.StatusCode.INVALID_ARGUMENT, f"container request {n}: no device IDs")
             self._check_ids(creq.devices_ids, f"container request {n}")
@@ -140,24 +176,33 @@ class DevicePluginServicer:
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"{self.resource}: device nodes are absent ({', '.join(state.config.devices)})",
             )
-        config = state.config
-        container = pb.ContainerAllocateResponse(
-            envs=dict(config.env),
-            mounts=[
-                pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
-                for m in config.mounts
-            ],
-            devices=[
-                pb.DeviceSpec(container_path=n.host_path, host_path=n.host_path, permissions=config.permissions)
-                for n in state.discovery.nodes
-            ],
-        )
         # Every unit of a resource stands for the same device nodes: each container gets them once.
-        return pb.AllocateResponse(container_responses=[container] * len(request.container_requests))
+        one = self._allocate_one()
+        if len(requests) == 1:
+            return one
+        return pb.AllocateResponse(container_responses=list(one.container_responses) * len(requests))
+
+    def _allocate_one(self) -> pb.AllocateResponse:
+        nodes = self.state.discovery.nodes
+        if self._answer_of_one is None or self._answer_of_one[0] != nodes:
+            config = self.state.config
+            container = pb.ContainerAllocateResponse(
+                envs=dict(config.env),
+                mounts=[
+                    pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+                    for m in config.mounts
+                ],
+                devices=[
+                    pb.DeviceSpec(container_path=n.host_path, host_path=n.host_path, permissions=config.permissions)
+                    for n in nodes
+                ],
+            )
+            self._answer_of_one = (nodes, pb.AllocateResponse(container_responses=[container]))
+        return self._answer_of_one[1]
 
     def _preferred(self, request: pb.PreferredAllocationRequest) -> pb.PreferredAllocationResponse:
         responses = []
-        for n, creq in enumerate(request.container_requests):
+        for n, creq in enumerate(self._container_requests(request.container_requests)):
             available = self._check_ids(creq.available_deviceIDs, f"container request {n} available")
             must = list(creq.must_include_deviceIDs)
             self._check_ids(must, f"container request {n} must_include")
@@ -168,16 +213,23 @@ class DevicePluginServicer:
                     f"container request {n}: allocation_size {size} outside 0..{len(available)}",
                 )
             # Units are interchangeable; prefer the lowest-numbered, so allocations
-            # read predictably in the kubelet's checkpoint.
+            # read predictably in the kubelet's checkpoint. The scan walks the units in
+            # use (the lowest ones, mostly) and stops at the first free ones it needs.
             chosen = must[:size]
-            rest = available.difference(must)
-            chosen += itertools.islice((u for u in self.state.config.unit_ids() if u in rest), size - len(chosen))
+            if len(chosen) < size:
+                if must:
+                    available.difference_update(must)
+                free = filter(available.__contains__, self.state.config.unit_ids())
+                chosen += itertools.islice(free, size - len(chosen))
             responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=chosen))
         return pb.PreferredAllocationResponse(container_responses=responses)
 
     def _record_allocate(self, code: grpc.StatusCode, seconds: float, exemplar: dict[str, str] | None) -> None:
-        self.metrics.allocate_requests.labels(self.resource, code.name).inc()
-        self.metrics.allocate_duration.labels(self.resource).observe(seconds, exemplar=exemplar)
+        calls = self._allocate_calls.get(code)
+        if calls is None:
+            calls = self._allocate_calls[code] = self.metrics.allocate_requests.labels(self.resource, code.name)
+        calls.inc()
+        self._allocate_seconds.observe(seconds, exemplar=exemplar)
 
     # --- one wrapper for status, span, metrics and logs of unary calls ----------
 
@@ -190,23 +242,32 @@ class DevicePluginServicer:
         record: Callable[[grpc.StatusCode, float, dict[str, str] | None], None] | None = None,
     ) -> Resp:
         start = time.perf_counter()
-        with rpc_span(self.tracer, SERVICE, method, SpanKind.SERVER) as span:
-            span.set_attribute("ate_devplugin.resource_name", self.resource)
-            try:
-                response = handler(request)
-                code, message = grpc.StatusCode.OK, ""
-            except RequestError as exc:
-                code, message = exc.code, str(exc)
-                log.warning("%s refused: %s", method, exc, extra={"resource": self.resource})
-            except Exception as exc:
-                code, message = grpc.StatusCode.INTERNAL, f"{method}: internal error: {exc}"
-                log.exception("%s failed", method, extra={"resource": self.resource})
-            set_rpc_status(span, code.value[0], code.name, message)
+        if not self._traced:  # the admission path: no span to make, attribute or end
+            response, code, message = self._answer(method, request, handler)
             if record is not None:
-                record(code, time.perf_counter() - start, trace_id_exemplar(span))
-        if code is not grpc.StatusCode.OK:
+                record(code, time.perf_counter() - start, None)
+        else:
+            with rpc_span(self.tracer, SERVICE, method, SpanKind.SERVER) as span:
+                span.set_attribute("ate_devplugin.resource_name", self.resource)
+                response, code, message = self._answer(method, request, handler)
+                set_rpc_status(span, code.value[0], code.name, message)
+                if record is not None:
+                    record(code, time.perf_counter() - start, trace_id_exemplar(span))
+        if response is None:
             await context.abort(code, message)
         return response
+
+    def _answer(
+        self, method: str, request: Req, handler: Callable[[Req], Resp]
+    ) -> tuple[Resp | None, grpc.StatusCode, str]:
+        try:
+            return handler(request), grpc.StatusCode.OK, ""
+        except RequestError as exc:
+            log.warning("%s refused: %s", method, exc, extra={"resource": self.resource})
+            return None, exc.code, str(exc)
+        except Exception as exc:
+            log.exception("%s failed", method, extra={"resource": self.resource})
+            return None, grpc.StatusCode.INTERNAL, f"{method}: internal error: {exc}"
 
 
 def _short(device_id: str, limit: int = 64) -> str:

@@ -8,6 +8,7 @@ machine is shared and a test must not fail on a noisy clock.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,24 +22,45 @@ from tests.harness.require import require_kubelet_bench
 pytestmark = pytest.mark.kubelet
 
 REPO = Path(__file__).resolve().parents[2]
+GDP = "generic-device-plugin"
+# squat/generic-device-plugin runs only from a binary built outside the repository; without
+# one, each of its figures must say so.
+WITH_GDP = bool(os.environ.get("ATE_BENCH_GENERIC_DEVICE_PLUGIN"))
+GDP_RUN, GDP_NA = ((GDP,), ()) if WITH_GDP else ((), (GDP,))
+ALLOCATING = ("ours", "go-stub", "go-stub-pref", "bare-grpc-aio-plugin", *GDP_RUN)
 
 # figure -> peers that must have numbers / peers that must say N/A
 EXPECTED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "allocate_kubelet_seq": (("ours", "go-stub", "go-stub-pref"), ()),
-    "allocate_rpc_seq": (("ours", "go-stub", "go-stub-pref"), ()),
-    "allocate_rpc_conc": (("ours", "go-stub", "go-stub-pref"), ()),
-    "kubelet_restart": (("ours", "go-stub"), ()),
+    "allocate_kubelet_seq": (ALLOCATING, GDP_NA),
+    "admission_cpu": (ALLOCATING, GDP_NA),
+    "allocate_rpc_seq": (ALLOCATING, GDP_NA),
+    "allocate_rpc_conc": (ALLOCATING, GDP_NA),
+    "allocate_rpc_scaling": (ALLOCATING, GDP_NA),
+    "kubelet_restart": (("ours", "go-stub", *GDP_RUN), GDP_NA),
+    "restarts_then_changes": (("ours", *GDP_RUN), GDP_NA),
     "kubelet_restart_empty": (("ours",), ()),
-    "device_loss": (("ours",), ("go-stub",)),
-    "device_return": (("ours",), ("go-stub",)),
+    "device_loss": (("ours", *GDP_RUN), ("go-stub", *GDP_NA)),
+    "device_return": (("ours", *GDP_RUN), ("go-stub", *GDP_NA)),
     "update_floor": (("go-stub",), ()),
     "device_loss_empty": (("ours",), ("go-stub",)),
     "device_return_empty": (("ours",), ("go-stub",)),
     "update_floor_empty": (("go-stub",), ()),
-    "cold_start": (("ours", "go-stub"), ()),
+    "cold_start": (("ours", "go-stub", "bare-grpc-aio-plugin", *GDP_RUN), GDP_NA),
     "memory": (("ours", "go-stub"), ()),
     "memory_growth": (("ours", "go-stub"), ()),
-    "idle": (("ours", "ours-tracing", "go-stub", "bare-grpc-aio", "bare-grpc-aio-stream"), ()),
+    "idle": (
+        (
+            "ours",
+            "ours-tracing",
+            "ours-restarted",
+            "go-stub",
+            "bare-grpc-aio",
+            "bare-grpc-aio-stream",
+            "bare-grpc-aio-plugin",
+            *GDP_RUN,
+        ),
+        GDP_NA,
+    ),
     "metrics_scrape": (("ours",), ("go-stub",)),
 }
 
@@ -86,6 +108,17 @@ def test_every_figure_for_every_capable_peer(quick_run: tuple[dict[str, Any], Pa
             assert _sample_count(value) == sizes["rpc_calls"]
             assert value["errors"] == 0, value["first_error"]
     assert figures["allocate_rpc_conc"]["ours"]["concurrency"] == sizes["concurrency"]
+    for peer in ALLOCATING:
+        assert figures["admission_cpu"][peer]["admissions"] == sizes["seq_pods"]
+        assert figures["admission_cpu"][peer]["cpu_ms_per_admission"] > 0
+        callers = figures["allocate_rpc_scaling"][peer]["callers"]
+        assert sorted(int(n) for n in callers) == sorted(sizes["concurrency_levels"])
+        assert all(c["errors"] == 0 and c["calls_per_s"] > 0 for c in callers.values())
+    for peer in ("ours", *GDP_RUN):
+        changes = figures["restarts_then_changes"][peer]
+        assert (changes["restarts"], changes["changes"]) == (sizes["leak_restarts"], sizes["leak_changes"])
+    # Ours sees every device change after kubelet restarts.
+    assert figures["restarts_then_changes"]["ours"]["seen"] == sizes["leak_changes"]
     assert _sample_count(figures["kubelet_restart"]["ours"]) == sizes["restarts"]
     assert _sample_count(figures["kubelet_restart_empty"]["ours"]) == sizes["restarts"]
     assert _sample_count(figures["kubelet_restart"]["go-stub"]) == sizes["stub_restarts"]
@@ -104,6 +137,8 @@ def test_every_figure_for_every_capable_peer(quick_run: tuple[dict[str, Any], Pa
     assert figures["memory"]["ours"]["tracing"] is True
     assert figures["memory"]["ours"]["spans_received"] > 0
     for peer, value in figures["idle"].items():
+        if peer in GDP_NA:
+            continue
         assert value["seconds"] > 0, peer
         assert value["switches_per_s"] >= 0, peer
     scrape = figures["metrics_scrape"]["ours"]
@@ -122,7 +157,7 @@ def test_report_files(quick_run: tuple[dict[str, Any], Path]) -> None:
     for fact in (str(machine["nproc"]), machine["cpu_model"], machine["kernel"], machine["python"]):
         assert fact in text
     assert machine["kubelet_bench"]["k8s_version"] in text
-    for heading in ("## Machine", "## Peers", "## Results", "## Targets"):
+    for heading in ("## Machine", "## Peers", "## Next to squat/generic-device-plugin", "## Results", "## Targets"):
         assert heading in text
     assert "generic-device-plugin" in text  # why that peer is absent is said
     assert data["kubelet_release"] in built_versions()

@@ -360,6 +360,83 @@ def test_malformed_and_hostile_requests_get_the_right_status(
     assert kubelet.capacity().of(KVM) == (UNITS, UNITS)
 
 
+def test_absurd_requests_are_refused_while_others_are_served(
+    kubelet: KubeletBench, kubelet_ns: Namespace, daemon: MakeDaemon
+) -> None:
+    """Thousands of container requests in one call (the kubelet sends one) are refused
+    with INVALID_ARGUMENT before any per-container work, and a well-formed caller is
+    answered all along (issue 10)."""
+    d = daemon()
+    full(kubelet)
+    invalid = grpc.StatusCode.INVALID_ARGUMENT
+    many_allocate = [pb.ContainerAllocateRequest(devices_ids=[f"kvm-{n % UNITS}"]) for n in range(100_000)]
+    many_preferred = [
+        pb.ContainerPreferredAllocationRequest(available_deviceIDs=["kvm-0", "kvm-1"], allocation_size=1)
+    ] * 50_000
+    cases: dict[str, tuple[str, bytes]] = {
+        "Allocate, 2,000 container requests": (
+            "Allocate",
+            pb.AllocateRequest(container_requests=many_allocate[:2000]).SerializeToString(),
+        ),
+        "Allocate, 100,000 container requests": (
+            "Allocate",
+            pb.AllocateRequest(container_requests=many_allocate).SerializeToString(),
+        ),
+        "GetPreferredAllocation, 50,000 container requests": (
+            "GetPreferredAllocation",
+            pb.PreferredAllocationRequest(container_requests=many_preferred).SerializeToString(),
+        ),
+        "GetPreferredAllocation, 100,000 available IDs": (
+            "GetPreferredAllocation",
+            pb.PreferredAllocationRequest(
+                container_requests=[
+                    pb.ContainerPreferredAllocationRequest(
+                        available_deviceIDs=[f"kvm-{n % UNITS}" for n in range(100_000)], allocation_size=1
+                    )
+                ]
+            ).SerializeToString(),
+        ),
+    }
+    got: dict[str, grpc.StatusCode] = {}
+    served = 0
+    flooding = threading.Event()
+    flooding.set()
+
+    errors: list[grpc.RpcError] = []
+
+    def well_formed_caller() -> None:
+        nonlocal served
+        with grpc.insecure_channel(plugin_target(kubelet_ns)) as channel:
+            stub = api_pb2_grpc.DevicePluginStub(channel)  # type: ignore[no-untyped-call]
+            while flooding.is_set():
+                try:
+                    stub.Allocate(allocate_request("kvm-7"), timeout=30)
+                except grpc.RpcError as exc:
+                    errors.append(exc)
+                    return
+                served += 1
+
+    caller = threading.Thread(target=well_formed_caller)
+    caller.start()
+    try:
+        with grpc.insecure_channel(plugin_target(kubelet_ns)) as channel:
+            for _ in range(3):  # each kind more than once, so that the caller overlaps them
+                for name, (method, payload) in cases.items():
+                    begin = time.monotonic()
+                    got[name] = _unary(channel, method, payload)
+                    print(f"{name}: {got[name].name} in {(time.monotonic() - begin) * 1000:.0f} ms")
+        wait_until(lambda: served >= 1, 30, "the well-formed caller answered")
+    finally:
+        flooding.clear()
+        caller.join(60)
+    assert not caller.is_alive()
+    assert errors == []
+    assert got == dict.fromkeys(cases, invalid)
+    assert d.proc is not None
+    assert d.proc.poll() is None
+    assert kubelet.allocate("pod-a", "vm", {KVM: 1}).devices
+
+
 # --- SIGTERM at awkward moments -------------------------------------------------------
 
 

@@ -97,7 +97,17 @@ async def test_allocate_answers_each_container_request(plugin: Plugin) -> None:
         (allocate("kvm-1", "kvm-1"), grpc.StatusCode.INVALID_ARGUMENT, "twice"),
         (allocate(), grpc.StatusCode.INVALID_ARGUMENT, "no device IDs"),
         (pb.AllocateRequest(), grpc.StatusCode.INVALID_ARGUMENT, "no container requests"),
-        (allocate(*[f"x-{n}" for n in range(100_000)]), grpc.StatusCode.INVALID_ARGUMENT, "100000 device ID(s)"),
+        (allocate(*[f"x-{n}" for n in range(5)]), grpc.StatusCode.INVALID_ARGUMENT, "5 device ID(s)"),
+        (
+            allocate(*[f"x-{n}" for n in range(100_000)]),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "100000 device IDs, more than the 8 units",
+        ),
+        (
+            pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["kvm-0"])] * 65),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "65 container requests",
+        ),
     ],
 )
 async def test_bad_allocate_gets_status_and_service_goes_on(
@@ -145,6 +155,21 @@ async def test_preferred_allocation_rejects_impossible_size(plugin: Plugin) -> N
 async def test_pre_start_container_answers_empty(plugin: Plugin) -> None:
     response = await plugin.stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=["kvm-0"]))
     assert response == pb.PreStartContainerResponse()
+
+
+async def test_allocate_follows_the_discovered_nodes(plugin: Plugin) -> None:
+    """The container answer is made once, and made again when the nodes change."""
+
+    async def devices() -> list[str]:
+        (container,) = (await plugin.stub.Allocate(allocate("kvm-0"))).container_responses
+        return [d.host_path for d in container.devices]
+
+    assert await devices() == ["/dev/kvm"]
+    plugin.state.update(Discovery(nodes=(DeviceNode("/dev/kvm", 10, 232),), complete=True))  # equal: kept
+    assert await devices() == ["/dev/kvm"]
+    nodes = (DeviceNode("/dev/kvm", 10, 232), DeviceNode("/dev/kvm1", 10, 233))
+    plugin.state.update(Discovery(nodes=nodes, complete=True))
+    assert await devices() == ["/dev/kvm", "/dev/kvm1"]
 
 
 async def test_list_and_watch_sends_full_set_on_connect_and_on_change(plugin: Plugin) -> None:
