@@ -18,10 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "app"))
+from ate_devplugin import config
 
-from ate_devplugin import config  # noqa: E402  # from this checkout, not an installed copy
+REPO = Path(__file__).resolve().parents[1]
 
 SCHEMA = REPO / "chart" / "values.schema.json"
 TEMPLATE = REPO / "chart" / "templates" / "_deviceconfig.tpl"
