@@ -14,12 +14,25 @@ Our daemon (tests/harness/daemon.py):
 * ``device_root``: a device root holding a real ``kvm`` character node.
 * ``daemon``: factory starting our daemon in the bench's namespace.
 
+Container image (tests/harness/image.py):
+
+* ``image``: the project's image, built once per session from the Dockerfile with
+  ``tools/build-image.sh`` (buildah, chroot isolation, vfs storage; the Debian base is made
+  with debootstrap when it cannot be pulled), for tests/image and tests/e2e. Needs root and
+  Debian's buildah, podman and debootstrap; a missing one skips, or fails when
+  ``IMAGE_TOOLS_REQUIRED=1`` (CI). ``KEEP_TEST_IMAGE=1`` keeps it afterwards
+  (localhost/ate-devplugin:test-<pid>).
+
 Logs of the bench, the stubs and the daemons are printed when a test fails.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import subprocess
+import time
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +42,7 @@ import pytest
 from harness.daemon import DevicePluginDaemon, MakeDaemon
 from harness.devices import make_device_root
 from harness.faults import SpawnDaemon
+from harness.image import REPO, TEST_IMAGE, BuiltImage, buildah, missing_tool
 from harness.kubelet import (
     KNOWN_VERSIONS,
     GoStubPlugin,
@@ -139,3 +153,26 @@ def daemon(kubelet_ns: Namespace, device_root: Path, spawn_daemon: SpawnDaemon) 
         return spawn_daemon(device_root, ns=kubelet_ns, config=config, env=env, start=start)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def image() -> Iterator[BuiltImage]:
+    for tool in ("buildah", "podman", "debootstrap"):
+        if shutil.which(tool) is None:
+            missing_tool(tool, "apt-get install -y buildah podman debootstrap")
+    if os.geteuid() != 0:
+        missing_tool("root (buildah with chroot isolation and vfs storage)", "run the tests as root")
+    if not (REPO / "pyproject.toml").is_file():
+        pytest.skip("no pyproject.toml yet: nothing to put in the image")
+    start = time.monotonic()
+    out = subprocess.run(
+        [str(REPO / "tools" / "build-image.sh")],
+        capture_output=True, text=True, timeout=1800, check=False,
+        env={**os.environ, "IMAGE": TEST_IMAGE, "STORAGE_DRIVER": "vfs"},
+    )  # fmt: skip
+    elapsed = time.monotonic() - start
+    assert out.returncode == 0, f"image build failed:\n{out.stdout[-6000:]}\n{out.stderr[-4000:]}"
+    inspect = json.loads(buildah("inspect", "--type", "image", TEST_IMAGE).stdout)
+    yield BuiltImage(TEST_IMAGE, inspect["OCIv1"], elapsed)
+    if os.environ.get("KEEP_TEST_IMAGE") != "1":
+        buildah("rmi", "--force", TEST_IMAGE, check=False)
