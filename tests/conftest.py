@@ -21,7 +21,8 @@ Container image (tests/harness/image.py):
   with debootstrap when it cannot be pulled), for tests/image and tests/e2e. Needs root and
   Debian's buildah, podman and debootstrap; a missing one skips, or fails when
   ``IMAGE_TOOLS_REQUIRED=1`` (CI). ``KEEP_TEST_IMAGE=1`` keeps it afterwards
-  (localhost/ate-devplugin:test-<pid>).
+  (localhost/ate-devplugin:test-<pid>); ``REUSE_TEST_IMAGE=<name>`` uses that image, built
+  before with tools/build-image.sh, instead of building one (and keeps it).
 
 Logs of the bench, the stubs and the daemons are printed when a test fails.
 """
@@ -164,6 +165,11 @@ def image() -> Iterator[BuiltImage]:
         missing_tool("root (buildah with chroot isolation and vfs storage)", "run the tests as root")
     if not (REPO / "pyproject.toml").is_file():
         pytest.skip("no pyproject.toml yet: nothing to put in the image")
+    reuse = os.environ.get("REUSE_TEST_IMAGE")
+    if reuse:
+        inspect = json.loads(buildah("inspect", "--type", "image", reuse).stdout)
+        yield BuiltImage(reuse, inspect["OCIv1"], 0.0)
+        return
     start = time.monotonic()
     out = subprocess.run(
         [str(REPO / "tools" / "build-image.sh")],
