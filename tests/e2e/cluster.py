@@ -257,8 +257,12 @@ state = "/run/containerd/state"
                 *extra, "--v=1",
             ])  # fmt: skip
         # The API server's own identity on the kubelet (logs, exec).
-        self.kubectl("create", "clusterrolebinding", "e2e-apiserver-kubelet", "--clusterrole=system:kubelet-api-admin",
-                     "--user=kube-apiserver-kubelet-client")  # fmt: skip
+        rbac = "rbac.authorization.k8s.io"
+        self.apply({
+            "apiVersion": f"{rbac}/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "e2e-apiserver-kubelet"},
+            "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": "system:kubelet-api-admin"},
+            "subjects": [{"apiGroup": rbac, "kind": "User", "name": "kube-apiserver-kubelet-client"}],
+        })  # fmt: skip
 
     def _make_cgroup_root(self) -> None:
         for hierarchy in self._hierarchies():

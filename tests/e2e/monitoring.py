@@ -1,17 +1,27 @@
 """A real Prometheus inside the sandbox, finding the plugin pods through Kubernetes service
-discovery as the Prometheus Operator does for the chart's ServiceMonitor.
+discovery as the Prometheus Operator sets it up for the chart's ServiceMonitor.
 
 The scrape config is made from the ServiceMonitor the chart renders: its selector, port,
 path, jobLabel and relabelings (the ``node`` label), after the relabelings the operator
 itself adds (``namespace``, ``service``, ``pod``, ``container``, ``endpoint``, ``job``).
+
+Debian's Prometheus (2.42) is built without ``kubernetes_sd_configs``. So the targets come
+through ``http_sd_configs`` from :class:`EndpointsDiscovery`, which reads the Services,
+EndpointSlices and Pods from the API server on every refresh and labels each endpoint with
+the ``__meta_kubernetes_*`` labels Prometheus' own discovery (role ``endpoints``) gives it.
+Prometheus applies the relabelling itself, as it would with its own discovery.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Mapping
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
 import yaml
@@ -32,8 +42,87 @@ def rendered_service_monitor(helm_binary: str) -> dict[str, Any]:
     return doc
 
 
+def _label_name(name: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_]", "_", name)
+
+
 def _meta(label: str) -> str:
-    return "__meta_kubernetes_service_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label)
+    return "__meta_kubernetes_service_label_" + _label_name(label)
+
+
+class EndpointsDiscovery:
+    """An HTTP service-discovery endpoint, inside the sandbox, serving the endpoints of the
+    Services of one namespace with the labels of Prometheus' Kubernetes discovery."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.url = ""
+        self._server: HTTPServer | None = None
+
+    def target_groups(self) -> list[dict[str, Any]]:
+        items = self.cluster.get_json("services,endpointslices,pods", "-n", self.namespace)["items"]
+        services = {i["metadata"]["name"]: i for i in items if i["kind"] == "Service"}
+        pods = {i["metadata"]["name"]: i for i in items if i["kind"] == "Pod"}
+        groups = []
+        for eps in (i for i in items if i["kind"] == "EndpointSlice"):
+            service = services.get(eps["metadata"].get("labels", {}).get("kubernetes.io/service-name", ""))
+            if service is None:
+                continue
+            common = {
+                "__meta_kubernetes_namespace": self.namespace,
+                "__meta_kubernetes_service_name": service["metadata"]["name"],
+                **{_meta(k): v for k, v in service["metadata"].get("labels", {}).items()},
+            }
+            targets = []
+            for endpoint in eps.get("endpoints") or []:
+                pod = pods.get(endpoint.get("targetRef", {}).get("name", ""), {})
+                for port in eps.get("ports") or []:
+                    containers = [
+                        c["name"]
+                        for c in pod.get("spec", {}).get("containers", [])
+                        if any(p.get("containerPort") == port["port"] for p in c.get("ports", []))
+                    ]
+                    labels = {
+                        **common,
+                        "__meta_kubernetes_endpoint_port_name": port.get("name", ""),
+                        "__meta_kubernetes_endpoint_ready": str(endpoint["conditions"].get("ready", False)).lower(),
+                        "__meta_kubernetes_pod_name": pod.get("metadata", {}).get("name", ""),
+                        "__meta_kubernetes_pod_node_name": pod.get("spec", {}).get("nodeName", ""),
+                        "__meta_kubernetes_pod_container_name": containers[0] if containers else "",
+                    }
+                    targets += [(f"{address}:{port['port']}", labels) for address in endpoint["addresses"]]
+            groups += [{"targets": [address], "labels": labels} for address, labels in targets]
+        return groups
+
+    def start(self) -> None:
+        discovery = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = json.dumps(discovery.target_groups()).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base's name)
+                pass
+
+        # A socket made on the sandbox's network thread lives in the sandbox's network.
+        sock = self.cluster.sandbox.in_netns(lambda: socket.create_server(("127.0.0.1", 0)))
+        server = HTTPServer(sock.getsockname(), Handler, bind_and_activate=False)
+        server.socket.close()
+        server.socket = sock
+        self._server = server
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}/"
+        threading.Thread(target=server.serve_forever, name="endpoints-discovery", daemon=True).start()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
 
 
 def _snake(relabeling: Mapping[str, Any]) -> dict[str, Any]:
@@ -42,12 +131,12 @@ def _snake(relabeling: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class ServiceMonitorConfig(PrometheusConfig):
-    """What the operator generates for one ServiceMonitor endpoint, with the admin kubeconfig."""
+    """What the operator generates for one ServiceMonitor endpoint (discovery: see above)."""
 
-    def __init__(self, monitor: dict[str, Any], kubeconfig: str, scrape_interval: str = "2s") -> None:
+    def __init__(self, monitor: dict[str, Any], discovery_url: str, scrape_interval: str = "2s") -> None:
         super().__init__(scrape_interval=scrape_interval, evaluation_interval=scrape_interval, exemplars=False)
         self.monitor = monitor
-        self.kubeconfig = kubeconfig
+        self.discovery_url = discovery_url
 
     def render(self) -> dict[str, Any]:
         spec = self.monitor["spec"]
@@ -74,10 +163,7 @@ class ServiceMonitorConfig(PrometheusConfig):
                 "job_name": f"serviceMonitor/{meta['namespace']}/{meta['name']}/0",
                 "metrics_path": endpoint.get("path", "/metrics"),
                 "scheme": endpoint.get("scheme", "http"),
-                "kubernetes_sd_configs": [{
-                    "role": "endpoints", "kubeconfig_file": self.kubeconfig,
-                    "namespaces": {"names": spec["namespaceSelector"]["matchNames"]},
-                }],
+                "http_sd_configs": [{"url": self.discovery_url, "refresh_interval": "2s"}],
                 "relabel_configs": relabel,
             }],
         }  # fmt: skip

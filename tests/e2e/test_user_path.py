@@ -24,7 +24,14 @@ from typing import Any
 
 import pytest
 from e2e.cluster import NODE, Cluster, wait_until
-from e2e.monitoring import SandboxPrometheus, ServiceMonitorConfig, dashboard_queries, fill, rendered_service_monitor
+from e2e.monitoring import (
+    EndpointsDiscovery,
+    SandboxPrometheus,
+    ServiceMonitorConfig,
+    dashboard_queries,
+    fill,
+    rendered_service_monitor,
+)
 from e2e.userpath import (
     NAMESPACE,
     RESOURCE,
@@ -90,12 +97,15 @@ def test_helm_install_makes_the_node_offer_kvm(cluster: Cluster, installed: dict
 @pytest.fixture(scope="module")
 def prometheus(cluster: Cluster, installed: dict[str, Any], helm: Helm) -> Iterator[SandboxPrometheus]:
     monitor = rendered_service_monitor(str(helm.path))
-    prom = SandboxPrometheus(cluster, ServiceMonitorConfig(monitor, str(cluster.kubeconfig)))
-    prom.start()
+    discovery = EndpointsDiscovery(cluster, monitor["spec"]["namespaceSelector"]["matchNames"][0])
+    discovery.start()
+    prom = SandboxPrometheus(cluster, ServiceMonitorConfig(monitor, discovery.url))
     try:
+        prom.start()
         yield prom
     finally:
         prom.stop()
+        discovery.stop()
 
 
 def test_prometheus_finds_the_plugin_pod_with_the_service_monitor_labels(
