@@ -217,12 +217,47 @@ def test_kubelet_restart_needs_no_plugin_restart(cluster: Cluster, installed: di
     assert result.get("api_version") == KVM_API_VERSION, result
 
 
+# --- a device that goes away and comes back ------------------------------------------------
+
+PRIVATE_DEV = "/run/ate-e2e-dev"  # in the sandbox's tmpfs: the host's /dev is never touched
+
+
+def test_device_gone_and_back_is_seen_by_the_node(cluster: Cluster, installed: dict[str, Any], helm: Helm) -> None:
+    """A device node that disappears (a module unloaded) and comes back. The host's /dev
+    must stay as it is, so the plugin watches a device directory of the sandbox's own
+    (hostPaths.dev) holding a node of /dev/kvm's major:minor; pods still get /dev/kvm."""
+    kvm = f"{PRIVATE_DEV}/kvm"
+    cluster.sandbox.run(["sh", "-ec", f"mkdir -p {PRIVATE_DEV}; mknod -m 0600 {kvm} c 10 232"])
+    helm.upgrade("--set", f"hostPaths.dev={PRIVATE_DEV}")
+    try:
+        pod = wait_plugin_ready(cluster)
+        wait_until("registered", lambda: registered(cluster, pod) == 1, 120)
+        cluster.wait_node_resource(RESOURCE, "4096")
+        cluster.sandbox.run(["rm", kvm])
+        cluster.wait_node_resource(RESOURCE, "0")
+        assert cluster.node_resource("capacity", RESOURCE) == "4096"
+        values = metrics(cluster, pod)
+        assert sample(values, "ate_devplugin_devices", resource_name=RESOURCE, health="unhealthy") == 4096
+        cluster.sandbox.run(["mknod", "-m", "0600", kvm, "c", "10", "232"])
+        cluster.wait_node_resource(RESOURCE, "4096")
+        values = metrics(cluster, pod)
+        assert sample(values, "ate_devplugin_device_health_changes_total", resource_name=RESOURCE, health="unhealthy")
+        assert sample(values, "ate_devplugin_device_health_changes_total", resource_name=RESOURCE, health="healthy")
+    finally:
+        helm.upgrade()
+    wait_plugin_ready(cluster)
+    cluster.wait_node_resource(RESOURCE, "4096")
+
+
 # --- 7. every dashboard query has data -----------------------------------------------------
 
 
 def test_every_dashboard_query_returns_data_from_the_cluster(cluster: Cluster, prometheus: SandboxPrometheus) -> None:
     values = {"$__rate_interval": "1m", "$__range": "1h", "$job": "ate-devplugin", "$node": NODE,
               "$resource": RESOURCE.replace(".", "\\\\.")}  # fmt: skip
+    # The plugin pod was just replaced (previous test): wait until its own series are in.
+    (pod,) = plugin_pods(cluster)
+    prometheus.wait_for(f'ate_devplugin_registered{{pod="{pod["metadata"]["name"]}"}} == 1', timeout=120)
     end = time.time()
     empty, checked = [], 0
     for path in sorted((REPO / "dashboards").glob("*.json")):

@@ -183,7 +183,7 @@ def watch_exit_code(cluster: Cluster, pod_name: str, timeout: float = 120) -> tu
     )  # fmt: skip
     try:
         # The watch first lists the pod as it is: wait for that before deleting.
-        wait_until("the watch to start", lambda: pod_name in watcher.log_tail(), 30)
+        wait_until("the watch to start", lambda: '"ADDED"' in watcher.log_tail(10**7), 30)
         start = time.monotonic()
         cluster.kubectl("delete", "pod", "-n", NAMESPACE, pod_name, "--wait=true", timeout=timeout)
         took = time.monotonic() - start
