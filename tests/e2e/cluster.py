@@ -265,6 +265,7 @@ state = "/run/containerd/state"
         })  # fmt: skip
 
     def _make_cgroup_root(self) -> None:
+        self.remove_stale_cgroups()
         for hierarchy in self._hierarchies():
             path = hierarchy / self.cgroup_root.lstrip("/")
             path.mkdir(exist_ok=True)
@@ -373,12 +374,25 @@ state = "/run/containerd/state"
         self.sandbox.close()
         self.remove_cgroups()
 
+    @classmethod
+    def remove_stale_cgroups(cls) -> None:
+        """Cgroups of a run that was killed (SIGKILL leaves no time to clean up): its
+        processes died with its sandbox, its empty cgroups stay until removed here."""
+        for top in {p.name for h in cls._hierarchies() for p in h.glob("ate-e2e-*")}:
+            pid = top.removeprefix("ate-e2e-")
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                cls.remove_cgroup_tree(f"/{top}", timeout=10)
+
     def remove_cgroups(self, timeout: float = 60) -> None:
         """rmdir every cgroup under this cluster's root, deepest first (their processes are
         gone with the sandbox; a cgroup may stay busy for a moment after)."""
+        self.remove_cgroup_tree(self.cgroup_root, timeout)
+
+    @classmethod
+    def remove_cgroup_tree(cls, root: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        for hierarchy in self._hierarchies():
-            top = hierarchy / self.cgroup_root.lstrip("/")
+        for hierarchy in cls._hierarchies():
+            top = hierarchy / root.lstrip("/")
             if not top.exists():
                 continue
             dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)

@@ -14,6 +14,7 @@ Prometheus applies the relabelling itself, as it would with its own discovery.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -101,10 +102,11 @@ class EndpointsDiscovery:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 body = json.dumps(discovery.target_groups()).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                self.wfile.write(body)
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # Prometheus stopped
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.end_headers()
+                    self.wfile.write(body)
 
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base's name)
                 pass
