@@ -375,7 +375,10 @@ def test_helm_uninstall_removes_the_socket_and_the_resource(
 
 
 def test_helm_v4_install_and_uninstall(cluster: Cluster, helm_v4: Helm) -> None:
+    start = time.monotonic()
     out = helm_v4.install()
+    ready = [is_ready(p) for p in plugin_pods(cluster)]
+    print(f"helm v4 install --wait returned after {time.monotonic() - start:.1f}s with plugin pods Ready: {ready}")
     try:
         assert "rollout status daemonset/ate-devplugin" in out.stdout
         pod = wait_plugin_ready(cluster)
