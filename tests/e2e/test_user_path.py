@@ -315,10 +315,10 @@ def two_resources(cluster: Cluster) -> str:
 def test_helm_upgrade_adding_a_resource_rolls_out(
     cluster: Cluster, installed: dict[str, Any], helm: Helm, two_resources: str
 ) -> None:
+    """deviceConfig.restartOnChange=true: the config checksum changed, so the pod is replaced."""
     (old,) = plugin_pods(cluster)
-    helm.upgrade("-f", two_resources)
-    # restartOnChange (the default): the config checksum changed, so the pod is replaced.
-    pod = wait_until(
+    helm.upgrade("-f", two_resources, "--set", "deviceConfig.restartOnChange=true")
+    wait_until(
         "the rolled-out plugin pod",
         lambda: next((p for p in plugin_pods(cluster) if p["metadata"]["uid"] != old["metadata"]["uid"]), None),
         240,
@@ -328,6 +328,29 @@ def test_helm_upgrade_adding_a_resource_rolls_out(
     assert registered(cluster, pod) == 1
     cluster.wait_node_resource(TUN, "16")
     assert cluster.node_resource("allocatable", RESOURCE) == "4096"
+
+
+def test_helm_upgrade_changing_a_resource_is_picked_up_live(
+    cluster: Cluster, installed: dict[str, Any], helm: Helm, two_resources: str
+) -> None:
+    """deviceConfig.restartOnChange=false: the same pod reads the updated ConfigMap. The
+    kubelet refreshes ConfigMap volumes on its pod sync (every minute by default)."""
+    live = ("-f", two_resources, "--set", "deviceConfig.restartOnChange=false")
+    helm.upgrade(*live)  # without the checksum annotation: the pod template changes once
+    wait_plugin_ready(cluster)
+    cluster.wait_node_resource(TUN, "16")
+    (before,) = plugin_pods(cluster)
+    start = time.monotonic()
+    helm.upgrade(*live, "--set", "deviceConfig.resources[1].units=32")
+    waited = cluster.wait_node_resource(TUN, "32", timeout=300)
+    (after,) = plugin_pods(cluster)
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert (
+        after["status"]["containerStatuses"][0]["restartCount"]
+        == before["status"]["containerStatuses"][0]["restartCount"]
+    )
+    assert cluster.node_resource("allocatable", RESOURCE) == "4096"
+    print(f"units 16 -> 32 live: allocatable 32 after {time.monotonic() - start:.0f}s ({waited:.0f}s after helm)")
 
 
 @pytest.mark.parametrize(
@@ -342,13 +365,14 @@ def test_helm_upgrade_with_a_bad_value_is_refused(
     cluster: Cluster, installed: dict[str, Any], helm: Helm, two_resources: str, value: str, field: str
 ) -> None:
     (before,) = plugin_pods(cluster)
+    tun = cluster.node_resource("allocatable", TUN)
     out = helm.upgrade("-f", two_resources, "--set", value, check=False)
     assert out.returncode != 0
     assert field in out.stderr, out.stderr
     (after,) = plugin_pods(cluster)
     assert after["metadata"]["uid"] == before["metadata"]["uid"]
     assert cluster.node_resource("allocatable", RESOURCE) == "4096"
-    assert cluster.node_resource("allocatable", TUN) == "16"
+    assert cluster.node_resource("allocatable", TUN) == tun
 
 
 # --- 6. helm uninstall ----------------------------------------------------------------------
