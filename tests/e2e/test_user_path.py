@@ -12,7 +12,6 @@ period (10 s by default): every test waits on allocatable itself, never on Ready
 
 from __future__ import annotations
 
-import calendar
 import contextlib
 import json
 import os
@@ -190,12 +189,19 @@ def test_non_root_pod_with_the_device_group_as_supplemental_group(cluster: Clust
 # --- 4. kubelet restart, plugin pod replaced ---------------------------------------------
 
 
+def heartbeat(cluster: Cluster, node: dict[str, Any] | None = None) -> str:
+    """When the kubelet last posted the node's status (its Ready condition's heartbeat)."""
+    node = node or cluster.get_json("node", NODE)
+    beat: str = next(c["lastHeartbeatTime"] for c in node["status"]["conditions"] if c["type"] == "Ready")
+    return beat
+
+
 def test_kubelet_restart_needs_no_plugin_restart(cluster: Cluster, installed: dict[str, Any]) -> None:
     (pod,) = plugin_pods(cluster)
     restarts_before = pod["status"]["containerStatuses"][0]["restartCount"]
     assert sample(metrics(cluster, pod), "ate_devplugin_kubelet_restarts_total") == 0
+    beat_before = heartbeat(cluster)
     cluster.stop_kubelet(signal.SIGKILL)
-    started = time.time()
     cluster.start_kubelet()
     cluster.wait_node_ready()
     wait_until("the plugin to see the restart",
@@ -203,11 +209,10 @@ def test_kubelet_restart_needs_no_plugin_restart(cluster: Cluster, installed: di
     wait_until("registered again", lambda: registered(cluster, pod) == 1, 120)
 
     def fresh_allocatable() -> bool:
-        # A node status the restarted kubelet posted, with the plugin registered.
+        # A node status the restarted kubelet posted (it posts one when it starts, and
+        # again when allocatable changes), with the plugin registered.
         node = cluster.get_json("node", NODE)
-        beats = [c["lastHeartbeatTime"] for c in node["status"]["conditions"] if c["type"] == "Ready"]
-        posted = calendar.timegm(time.strptime(beats[0], "%Y-%m-%dT%H:%M:%SZ"))
-        return posted > started and node["status"]["allocatable"].get(RESOURCE) == "4096"
+        return heartbeat(cluster, node) != beat_before and node["status"]["allocatable"].get(RESOURCE) == "4096"
 
     wait_until("allocatable 4096 from the restarted kubelet", fresh_allocatable, 120)
     (same,) = plugin_pods(cluster)
