@@ -227,7 +227,9 @@ def test_kubelet_restart_needs_no_plugin_restart(cluster: Cluster, installed: di
 PRIVATE_DEV = "/run/ate-e2e-dev"  # in the sandbox's tmpfs: the host's /dev is never touched
 
 
-def test_device_gone_and_back_is_seen_by_the_node(cluster: Cluster, installed: dict[str, Any], helm: Helm) -> None:
+def test_device_gone_and_back_is_seen_by_the_node(
+    cluster: Cluster, installed: dict[str, Any], helm: Helm, prometheus: SandboxPrometheus
+) -> None:
     """A device node that disappears (a module unloaded) and comes back. The host's /dev
     must stay as it is, so the plugin watches a device directory of the sandbox's own
     (hostPaths.dev) holding a node of /dev/kvm's major:minor; pods still get /dev/kvm."""
@@ -238,6 +240,9 @@ def test_device_gone_and_back_is_seen_by_the_node(cluster: Cluster, installed: d
         pod = wait_plugin_ready(cluster)
         wait_until("registered", lambda: registered(cluster, pod) == 1, 120)
         cluster.wait_node_resource(RESOURCE, "4096")
+        # Prometheus must see the counters before and after, or increase() has nothing to show.
+        changes = f'ate_devplugin_device_health_changes_total{{pod="{pod["metadata"]["name"]}", health="%s"}}'
+        prometheus.wait_for(changes % "unhealthy" + " == 0", timeout=120)
         cluster.sandbox.run(["rm", kvm])
         cluster.wait_node_resource(RESOURCE, "0")
         assert cluster.node_resource("capacity", RESOURCE) == "4096"
@@ -248,6 +253,7 @@ def test_device_gone_and_back_is_seen_by_the_node(cluster: Cluster, installed: d
         values = metrics(cluster, pod)
         assert sample(values, "ate_devplugin_device_health_changes_total", resource_name=RESOURCE, health="unhealthy")
         assert sample(values, "ate_devplugin_device_health_changes_total", resource_name=RESOURCE, health="healthy")
+        prometheus.wait_for(changes % "healthy" + " >= 1", timeout=120)
     finally:
         helm.upgrade()
     wait_plugin_ready(cluster)
