@@ -14,11 +14,26 @@ Our daemon (tests/harness/daemon.py):
 * ``device_root``: a device root holding a real ``kvm`` character node.
 * ``daemon``: factory starting our daemon in the bench's namespace.
 
+Container image (tests/harness/image.py):
+
+* ``image``: the project's image, built once per session from the Dockerfile with
+  ``tools/build-image.sh`` (buildah, chroot isolation, vfs storage; the Debian base is made
+  with debootstrap when it cannot be pulled), for tests/image and tests/e2e. Needs root and
+  Debian's buildah, podman and debootstrap; a missing one skips, or fails under CI.
+  ``KEEP_TEST_IMAGE=1`` keeps it afterwards (localhost/ate-devplugin:test-<pid>);
+  ``REUSE_TEST_IMAGE=<name>`` uses that image, built before with tools/build-image.sh,
+  instead of building one (and keeps it).
+
 Logs of the bench, the stubs and the daemons are printed when a test fails.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import time
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,9 +43,10 @@ import pytest
 from tests.harness.daemon import DevicePluginDaemon, MakeDaemon
 from tests.harness.devices import make_device_root
 from tests.harness.faults import SpawnDaemon
+from tests.harness.image import REPO, TEST_IMAGE, BuiltImage, buildah
 from tests.harness.kubelet import KNOWN_VERSIONS, GoStubPlugin, KubeletBench, Namespace
 from tests.harness.outcome import CALL_FAILED, print_logs_if_failed
-from tests.harness.require import require_kubelet_bench
+from tests.harness.require import missing_tool, require_kubelet_bench
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -127,3 +143,31 @@ def daemon(kubelet_ns: Namespace, device_root: Path, spawn_daemon: SpawnDaemon) 
         return spawn_daemon(device_root, ns=kubelet_ns, config=config, env=env, start=start)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def image() -> Iterator[BuiltImage]:
+    for tool in ("buildah", "podman", "debootstrap"):
+        if shutil.which(tool) is None:
+            missing_tool(tool, "apt-get install -y buildah podman debootstrap")
+    if os.geteuid() != 0:
+        missing_tool("root (buildah with chroot isolation and vfs storage)", "run the tests as root")
+    if not (REPO / "pyproject.toml").is_file():
+        pytest.skip("no pyproject.toml yet: nothing to put in the image")
+    reuse = os.environ.get("REUSE_TEST_IMAGE")
+    if reuse:
+        inspect = json.loads(buildah("inspect", "--type", "image", reuse).stdout)
+        yield BuiltImage(reuse, inspect["OCIv1"], 0.0)
+        return
+    start = time.monotonic()
+    out = subprocess.run(
+        [str(REPO / "tools" / "build-image.sh")],
+        capture_output=True, text=True, timeout=1800, check=False,
+        env={**os.environ, "IMAGE": TEST_IMAGE, "STORAGE_DRIVER": "vfs"},
+    )  # fmt: skip
+    elapsed = time.monotonic() - start
+    assert out.returncode == 0, f"image build failed:\n{out.stdout[-6000:]}\n{out.stderr[-4000:]}"
+    inspect = json.loads(buildah("inspect", "--type", "image", TEST_IMAGE).stdout)
+    yield BuiltImage(TEST_IMAGE, inspect["OCIv1"], elapsed)
+    if os.environ.get("KEEP_TEST_IMAGE") != "1":
+        buildah("rmi", "--force", TEST_IMAGE, check=False)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the demo and the tests need on a fresh machine, then builds the Go peers.
 #   tools/setup.sh demo    Python package + the kubelet bench
-#   tools/setup.sh test    everything: + Debian tools, helm, the image's base
+#   tools/setup.sh test    everything: + Debian tools, helm, the image's base, and the
+#                          one-node cluster of tests/e2e (Kubernetes binaries, containerd)
 # Idempotent: installed packages and up-to-date builds are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,9 @@ if [ "$what" = test ]; then
   # podman and debootstrap to build and run the image without a Docker engine; python3-venv
   # for the unprivileged unit-test run (make unit-nonroot).
   apt_packages+=(prometheus buildah podman debootstrap python3-venv)
+  # The one-node cluster of tests/e2e: container runtime, etcd, pod network, curl and
+  # ip inside its namespaces; gcc and libc6-dev for the statically linked pause image.
+  apt_packages+=(containerd runc etcd-server containernetworking-plugins curl iproute2 gcc libc6-dev)
 fi
 missing=()
 for p in "${apt_packages[@]}"; do
@@ -22,7 +26,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: apt-get install ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
+  # Install only: never start containerd or etcd as host services (tests/e2e runs its
+  # own, in private namespaces). policy-rc.d is what invoke-rc.d and systemd's helpers ask.
+  made_policy=0
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && made_policy=1
+  fi
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if [ "$made_policy" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
 fi
 
 # Every Python dependency of the tests, bench and tools is in pyproject's dev extra.
@@ -32,4 +43,6 @@ tools/build-kubelet-bench.sh
 if [ "$what" = test ]; then
   # Chart tools outside the dev extra: checkov (own venv), helm v3 and v4.
   tools/install-test-tools.sh --no-apt
+  # kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl for tests/e2e.
+  tools/build-k8s.sh
 fi

@@ -1,0 +1,210 @@
+"""What a user does and looks at on the node: helm, the plugin pod, its metrics, and pods
+that ask for a device (built from docs/examples/kvm-consumer-pod.yaml)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.e2e.cluster import Cluster, ClusterError, wait_until
+from tests.e2e.images import PLUGIN_IMAGE
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "chart"
+EXAMPLE_POD = REPO / "docs" / "examples" / "kvm-consumer-pod.yaml"
+NAMESPACE = "ate-system"
+RELEASE = "ate-devplugin"
+RESOURCE = "ate.dev/kvm"
+PLUGIN_SELECTOR = "app.kubernetes.io/name=ate-devplugin"
+METRICS_PORT = 9477
+WORKLOADS = "vm-workers"  # the example's namespace
+IMAGE_VALUES = ("--set", "image.repository=localhost/ate-devplugin", "--set", f"image.tag={PLUGIN_IMAGE.split(':')[1]}",
+                "--set", "image.pullPolicy=Never")  # fmt: skip
+
+# Run in the consumer container: what a VM worker needs from /dev/kvm, as JSON.
+CHECK_KVM = r"""
+import fcntl, json, os, stat
+r = {"uid": os.getuid(), "gid": os.getgid(), "groups": sorted(os.getgroups())}
+status = dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines() if ":" in l)
+r["cap_eff"], r["no_new_privs"] = status["CapEff"].strip(), status["NoNewPrivs"].strip()
+try:
+    st = os.stat("/dev/kvm")
+    r["node"] = [stat.filemode(st.st_mode), st.st_uid, st.st_gid, os.major(st.st_rdev), os.minor(st.st_rdev)]
+except OSError as e:
+    r["node"] = f"{type(e).__name__}: {e}"
+try:
+    fd = os.open("/dev/kvm", os.O_RDWR | os.O_CLOEXEC)
+    r["api_version"] = fcntl.ioctl(fd, 0xAE00)  # KVM_GET_API_VERSION
+    os.close(fd)
+except OSError as e:
+    r["error"] = f"{type(e).__name__}: {e}"
+try:
+    r["devices_list"] = open("/sys/fs/cgroup/devices/devices.list").read().splitlines()
+except OSError as e:
+    r["devices_list"] = str(e)
+print(json.dumps(r))
+"""
+
+
+@dataclass
+class Helm:
+    """A real helm CLI (v3 or v4) run inside the sandbox against the cluster."""
+
+    major: str
+    path: Path
+    cluster: Cluster
+
+    def run(self, *args: str, check: bool = True, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+        home = self.cluster.dir / f"helm-{self.major}"
+        env = {**self.cluster.env, "HELM_CACHE_HOME": f"{home}/cache", "HELM_CONFIG_HOME": f"{home}/config",
+               "HELM_DATA_HOME": f"{home}/data"}  # fmt: skip
+        return self.cluster.sandbox.run([str(self.path), *args], env=env, check=check, timeout=timeout)
+
+    def install(self, *values: str) -> subprocess.CompletedProcess[str]:
+        return self.run("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
+                        *IMAGE_VALUES, *values, "--wait", "--timeout", "5m")  # fmt: skip
+
+    def upgrade(self, *values: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.run("upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, *IMAGE_VALUES, *values,
+                        "--wait", "--timeout", "5m", check=check)  # fmt: skip
+
+    def uninstall(self) -> subprocess.CompletedProcess[str]:
+        return self.run("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "2m")
+
+
+def plugin_pods(cluster: Cluster) -> list[dict[str, Any]]:
+    pods: list[dict[str, Any]] = cluster.get_json("pods", "-n", NAMESPACE, "-l", PLUGIN_SELECTOR)["items"]
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def is_ready(pod: dict[str, Any]) -> bool:
+    conds = pod.get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+
+
+def wait_plugin_ready(cluster: Cluster, timeout: float = 240) -> dict[str, Any]:
+    """What the chart's NOTES say to wait on: the DaemonSet rolled out; returns its one pod."""
+    cluster.kubectl("-n", NAMESPACE, "rollout", "status", f"daemonset/{RELEASE}", f"--timeout={timeout:.0f}s",
+                    timeout=timeout + 30)  # fmt: skip
+    pod: dict[str, Any] = wait_until(
+        "one Ready plugin pod", lambda: next((p for p in plugin_pods(cluster) if is_ready(p)), None), 60
+    )
+    return pod
+
+
+def metrics(cluster: Cluster, pod: dict[str, Any]) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """The plugin pod's /metrics, fetched from inside the sandbox: {(sample, labels): value}."""
+    status, text = cluster.sandbox.http_get(f"http://{pod['status']['podIP']}:{METRICS_PORT}/metrics")
+    if status != 200:
+        raise ClusterError(f"/metrics answered {status}")
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def sample(values: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float | None:
+    """The one sample ``name`` whose labels include ``labels``; None when there is none."""
+    found = [v for (n, ls), v in values.items() if n == name and set(labels.items()) <= ls]
+    assert len(found) <= 1, f"{name}{labels} matches {len(found)} samples"
+    return found[0] if found else None
+
+
+def consumer_pod(name: str, *, request: bool = True, supplemental_groups: tuple[int, ...] = ()) -> dict[str, Any]:
+    """The example pod as shipped (non-root, no capabilities, no privilege escalation), with
+    the project image (it has python3) running :data:`CHECK_KVM` instead of busybox."""
+    pod: dict[str, Any] = copy.deepcopy(yaml.safe_load(EXAMPLE_POD.read_text()))
+    pod["metadata"]["name"] = name
+    container = pod["spec"]["containers"][0]
+    container.update(image=PLUGIN_IMAGE, imagePullPolicy="Never", command=["python3", "-c", CHECK_KVM])
+    if not request:
+        del container["resources"]["limits"][RESOURCE]
+    if supplemental_groups:
+        pod["spec"]["securityContext"]["supplementalGroups"] = list(supplemental_groups)
+    return pod
+
+
+def ensure_workload_namespace(cluster: Cluster) -> None:
+    """The example's namespace, enforcing the restricted Pod Security Standard."""
+    cluster.apply({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": WORKLOADS, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}},
+    })  # fmt: skip
+
+
+def run_consumer(cluster: Cluster, pod: dict[str, Any], timeout: float = 180) -> dict[str, Any]:
+    """Create the pod, wait until it ran to completion, return what it printed (and phase)."""
+    pod = copy.deepcopy(pod)
+    pod["metadata"]["name"] += "-" + uuid.uuid4().hex[:6]
+    name = pod["metadata"]["name"]
+    ensure_workload_namespace(cluster)
+    cluster.apply(pod)
+    try:
+        phase = wait_until(
+            f"pod {name} to finish",
+            lambda: (
+                cluster.get_json("pod", "-n", WORKLOADS, name)["status"].get("phase") in ("Succeeded", "Failed")
+                and cluster.get_json("pod", "-n", WORKLOADS, name)["status"]["phase"]
+            ),
+            timeout,
+        )
+        logs = cluster.kubectl("logs", "-n", WORKLOADS, name)
+        result: dict[str, Any] = json.loads(logs.splitlines()[-1])
+        result["phase"] = phase
+        return result
+    except ClusterError:
+        print(cluster.kubectl("describe", "pod", "-n", WORKLOADS, name, check=False))
+        raise
+    finally:
+        cluster.kubectl("delete", "pod", "-n", WORKLOADS, name, "--wait=false", check=False)
+
+
+def kvm_rule(devices_list: list[str]) -> list[str]:
+    """The device cgroup rules for /dev/kvm (char 10:232) in a devices.list."""
+    return [line for line in devices_list if line.startswith("c 10:232 ")]
+
+
+def watch_exit_code(cluster: Cluster, pod_name: str, timeout: float = 120) -> tuple[int | None, float]:
+    """Delete ``pod_name`` (plugin namespace), watching it: the exit code its container's
+    last status reported before the pod object went away, and how long deletion took."""
+    watcher = cluster.sandbox.spawn(
+        f"watch-{pod_name}",
+        [str(cluster.bin / "kubectl"), "--kubeconfig", str(cluster.kubeconfig), "get", "pod", "-n", NAMESPACE,
+         pod_name, "--watch", "--output-watch-events", "-o", "json"],
+    )  # fmt: skip
+    try:
+        # The watch first lists the pod as it is: wait for that before deleting.
+        wait_until("the watch to start", lambda: '"ADDED"' in watcher.log_tail(10**7), 30)
+        start = time.monotonic()
+        cluster.kubectl("delete", "pod", "-n", NAMESPACE, pod_name, "--wait=true", timeout=timeout)
+        took = time.monotonic() - start
+        wait_until("the DELETED event", lambda: '"DELETED"' in watcher.log_tail(10**7), 30)
+    finally:
+        watcher.stop()
+        cluster.sandbox.processes.remove(watcher)
+    decoder = json.JSONDecoder()
+    text, pos, code = watcher.log_tail(10**7), 0, None
+    while True:
+        pos = text.find("{", pos)
+        if pos < 0:
+            break
+        try:
+            event, pos = decoder.raw_decode(text, pos)
+        except ValueError:  # not an event (a warning on stderr)
+            pos += 1
+            continue
+        for status in event["object"].get("status", {}).get("containerStatuses", []):
+            terminated = status.get("state", {}).get("terminated")
+            if terminated:
+                code = terminated["exitCode"]
+    return code, took
