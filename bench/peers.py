@@ -250,13 +250,8 @@ class GenericDevicePlugin(Plugin, DeviceNodes):
         wait_until(healthy, 30, "generic-device-plugin /health")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        if self.proc is not None:
+            stop_process(self.proc)
 
     @property
     def pids(self) -> list[int]:
@@ -347,13 +342,8 @@ class BarePlugin(Plugin):
             raise RuntimeError(f"bench.bare_grpc plugin did not start (exit {self.proc.poll()})")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        if self.proc is not None:
+            stop_process(self.proc)
 
     @property
     def pids(self) -> list[int]:
