@@ -85,6 +85,7 @@ class Daemon:
         self._watcher: Watcher | None = None
         self._reader = Worker("config reload")
         self._config_data: bytes | None = None  # the config file's bytes last read
+        self._read_failure: str | None = None  # why the file could not be read last time
         self._kubelet = self.ports.fs.socket_identity(settings.kubelet_socket)  # to tell restarts
         self._busy_since: float | None = None
         self._stalls: dict[str, str] = {}  # reason -> what is stuck
@@ -294,8 +295,11 @@ class Daemon:
             )
         except (ConfigError, TimeoutError, WorkerBusyError) as exc:
             self._config_data = None  # read it again next time, even if unchanged
-            self._reload_failed(exc)
+            if str(exc) != self._read_failure:  # the same unreadable file is reported once
+                self._read_failure = str(exc)
+                self._reload_failed(exc)
             return
+        self._read_failure = None
         if resources is None:
             return  # unchanged, or the same rejected file seen again
         self._config_data = data
