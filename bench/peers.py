@@ -120,6 +120,20 @@ class Plugin(ABC):
         return self
 
 
+class OneProcessPlugin(Plugin):
+    """A peer that is one process (``proc``, set by :meth:`spawn`)."""
+
+    proc: subprocess.Popen[bytes] | None = None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc)
+
+    @property
+    def pids(self) -> list[int]:
+        return [self.proc.pid] if self.proc is not None and self.proc.poll() is None else []
+
+
 class DeviceNodes:
     """One device node per resource under ``work/dev`` (numbers of /dev/null), which the
     bench removes and restores to play a device going away and coming back."""
@@ -199,7 +213,7 @@ class OurDaemon(Plugin, DeviceNodes):
         return port
 
 
-class GenericDevicePlugin(Plugin, DeviceNodes):
+class GenericDevicePlugin(OneProcessPlugin, DeviceNodes):
     """squat/generic-device-plugin serving the same job as ours: each resource
     ``<domain>/<name>`` is one device node, shared ``units`` times (its ``count``),
     mounted at ``/dev/<name>``. It looks only at the namespace's kubelet directory and
@@ -226,7 +240,6 @@ class GenericDevicePlugin(Plugin, DeviceNodes):
             group = {"count": units, "paths": [{"path": str(self.node_path(r)), "mountPath": f"/dev/{name}"}]}
             self.argv += ["--device", json.dumps({"name": name, "groups": [group]})]
         self.port = 0
-        self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = work / "logs" / "generic-device-plugin.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -248,14 +261,6 @@ class GenericDevicePlugin(Plugin, DeviceNodes):
             return False
 
         wait_until(healthy, 30, "generic-device-plugin /health")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_process(self.proc)
-
-    @property
-    def pids(self) -> list[int]:
-        return [self.proc.pid] if self.proc is not None and self.proc.poll() is None else []
 
     @property
     def socket(self) -> str:
@@ -314,7 +319,7 @@ class GoStubPreferred(GoStub):
     preferred = True
 
 
-class BarePlugin(Plugin):
+class BarePlugin(OneProcessPlugin):
     """``bench.bare_grpc plugin``: the least a Python device plugin on grpc.aio does
     (see there); the floor under each of our figures."""
 
@@ -325,7 +330,6 @@ class BarePlugin(Plugin):
         super().__init__(ns, resources, units, work)
         if len(self.resources) != 1:
             raise ValueError("the bare plugin serves one resource")
-        self.proc: subprocess.Popen[bytes] | None = None
 
     def spawn(self) -> None:
         repo = Path(__file__).resolve().parents[1]
@@ -340,14 +344,6 @@ class BarePlugin(Plugin):
         assert self.proc.stdout is not None
         if self.proc.stdout.readline().strip() != b"ready":
             raise RuntimeError(f"bench.bare_grpc plugin did not start (exit {self.proc.poll()})")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_process(self.proc)
-
-    @property
-    def pids(self) -> list[int]:
-        return [self.proc.pid] if self.proc is not None and self.proc.poll() is None else []
 
     @property
     def socket(self) -> str:
