@@ -81,10 +81,8 @@ class Settings:
             return DEFAULT_RESOURCES
         return self.resources_from(read_config_file(self.config))
 
-    def resources_from(self, data: bytes | None) -> tuple[ResourceConfig, ...]:
-        """The resources of config file content already read (None: it could not be read)."""
-        if data is None:
-            raise ConfigError(str(self.config), "cannot read")
+    def resources_from(self, data: bytes) -> tuple[ResourceConfig, ...]:
+        """The resources of config file content already read."""
         resources = decode_resources(data, str(self.config))
         check_across(resources, self.plugin_dir)
         return resources
