@@ -306,6 +306,7 @@ class Daemon:
         if isinstance(resources, ConfigError):
             self._reload_failed(resources)
             return
+        self.metrics.config_rejected.set(0)
         if resources == self.resources:
             return
         wanted = {r.name: r for r in resources}
@@ -320,4 +321,5 @@ class Daemon:
 
     def _reload_failed(self, why: Exception) -> None:
         self.metrics.config_reloads.labels("failure").inc()
+        self.metrics.config_rejected.set(1)
         log.error("config reload rejected, keeping the running config: %s", why)

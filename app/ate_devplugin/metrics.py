@@ -91,6 +91,13 @@ class Metrics:
         )
         for result in ("success", "failure"):
             self.config_reloads.labels(result)
+        # A level, not only a counter: the alert must hold while the file stays rejected,
+        # however long ago the failure was counted.
+        self.config_rejected = Gauge(
+            f"{PREFIX}_config_rejected",
+            "1 while the config file on disk is rejected and the daemon runs its previous config.",
+            registry=r,
+        )
         self.lifecycle_stalls = Counter(
             f"{PREFIX}_lifecycle_stalls",
             "Times the lifecycle got stuck (and /healthz fails), by reason.",

@@ -254,6 +254,7 @@ def test_a_bad_live_reload_is_rejected_in_bounded_memory_and_the_loop_answers(
     )
     assert d.get("/healthz")[0] == 200
     assert d.metric("ate_devplugin_config_reloads_total", result="success") == 0
+    assert d.metric("ate_devplugin_config_rejected") == 1
     assert (short_dir / "ate-ate-dev-kvm.sock").exists()  # still serving the last good config
     assert log_matches(d.log_lines(), "config reload rejected")
     assert peak_rss_mib(d.proc.pid) < MEMORY_BOUND_MIB

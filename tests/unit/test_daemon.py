@@ -126,6 +126,11 @@ async def test_a_rejected_reload_keeps_the_running_config(tmp_path: Path) -> Non
     await until(lambda: s.sample("ate_devplugin_config_reloads_total", result="failure") == 1, "rejected")
     assert list(s.daemon.agents) == ["ate.dev/kvm"]
     assert s.daemon.readiness()[0]
+    assert s.sample("ate_devplugin_config_rejected") == 1
+    # Back to the running config: nothing to reload, and nothing rejected any more.
+    s.config.write_text(KVM_ONLY)
+    await until(lambda: s.sample("ate_devplugin_config_rejected") == 0, "rejection cleared")
+    assert s.sample("ate_devplugin_config_reloads_total", result="success") == 0
     s.daemon.request_stop("SIGTERM")
     await asyncio.wait_for(task, 5)
 
