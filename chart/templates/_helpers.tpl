@@ -245,3 +245,17 @@ as checkov.io/skipN annotations (see chart/README.md "Security").
 {{- end -}}
 {{- join "\n" $lines -}}
 {{- end -}}
+
+{{/*
+"true" when the daemon writes CDI specs: a resource answers Allocate with its CDI device
+name, or cdi.mount says so (an existingConfigMap's resources are not seen here).
+*/}}
+{{- define "ate-devplugin.usesCdi" -}}
+{{- $uses := .Values.cdi.mount -}}
+{{- range .Values.deviceConfig.resources -}}
+{{- if and (hasKey . "allocate") (ne .allocate "devices") -}}
+{{- $uses = true -}}
+{{- end -}}
+{{- end -}}
+{{- if $uses -}}true{{- end -}}
+{{- end -}}
