@@ -3,7 +3,9 @@ answers Allocate with its CDI device name only, and a non-root pod that opens /d
 because the daemon's CDI spec gives the node mode 0666 in the container: containerd's
 ``device_ownership_from_security_context`` is off and nothing else is set on the node.
 
-The tests run in file order and share one release, removed by the uninstall test.
+The tests run in file order and share one release, removed by the uninstall test. The
+last one checks the same chart on Debian's containerd 1.6 (the ``cluster`` fixture), with
+its own release, removed before the user's-path tests install theirs.
 """
 
 from __future__ import annotations
@@ -103,3 +105,24 @@ def test_helm_uninstall_removes_the_spec(cluster_containerd2: Cluster, helm_cont
     helm_containerd2.uninstall()
     wait_until("the CDI spec removed", lambda: node_spec(cluster_containerd2) is None, 120)
     assert cluster_containerd2.sandbox.run(["ls", "-A", CDI_SPEC_DIR]).stdout.strip() == ""
+
+
+def test_both_keeps_a_runtime_without_cdi_working(cluster: Cluster, helm: Helm) -> None:
+    """``allocate: both`` on Debian's containerd 1.6, which has no CDI: the pod gets
+    /dev/kvm from the device specs (the cluster's device ownership makes it the pod
+    user's), and the CDI name beside them is ignored, not an error."""
+    both = [{**CDI_RESOURCES[0], "allocate": "both"}]
+    helm.install("--set-json", f"deviceConfig.resources={json.dumps(both)}")
+    try:
+        wait_plugin_ready(cluster)
+        cluster.wait_node_resource(RESOURCE, "4096")
+        assert node_spec(cluster) is not None  # written; this runtime does not read it
+        result = run_consumer(cluster, consumer_pod("both-kvm"))
+        print(f"non-root pod on containerd 1.6 with allocate both: {result}")
+        assert result["phase"] == "Succeeded", result
+        assert result.get("api_version") == KVM_API_VERSION, result
+    finally:
+        helm.uninstall()
+    # As the user's path expects the node: no plugin, nothing allocatable.
+    cluster.wait_node_resource(RESOURCE, "0")
+    wait_until("the CDI spec removed", lambda: node_spec(cluster) is None, 120)
