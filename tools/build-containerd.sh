@@ -30,7 +30,7 @@ command -v go >/dev/null || { echo "build-containerd.sh: go not found on PATH" >
 built() {
     for c in "${cmds[@]}"; do [ -x "${out_dir}/$c" ] || return 1; done
     # "containerd github.com/containerd/containerd/v2 v2.4.2 ..."
-    "${out_dir}/containerd" --version 2>/dev/null | grep -q " ${version} "
+    "${out_dir}/containerd" --version 2>/dev/null | grep -Fqw "${version}"
 }
 if [ "$force" -eq 0 ] && built; then
     echo "build-containerd.sh: ${out_dir#"$repo_root"/} is up to date ($("${out_dir}/containerd" --version))"
