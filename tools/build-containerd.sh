@@ -22,7 +22,7 @@ force=0
 for arg in "$@"; do
     case "$arg" in
         --force) force=1 ;;
-        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
         *) echo "build-containerd.sh: unknown argument '$arg' (expected --force)" >&2; exit 2 ;;
     esac
 done
