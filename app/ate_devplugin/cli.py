@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--log-format", help="auto, json or text (default auto: json unless on a terminal)")
     run.add_argument("--log-level", help="debug, info, warning or error (default info)")
+    run.add_argument("--cdi-dir", help=f"where CDI specs are written (default {DEFAULTS['cdi_dir']})")
     check = sub.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("file", type=Path)
     sub.add_parser("version", help="print the version")

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from opentelemetry.trace import SpanKind
 
 from ate_devplugin.agent import Ports, ResourceAgent
+from ate_devplugin.cdi import CdiSpecs
 from ate_devplugin.config import ConfigError, ResourceConfig
 from ate_devplugin.devices import Discovery, discover, watch_dirs
 from ate_devplugin.events import (
@@ -89,6 +90,17 @@ class Daemon:
         self._kubelet = self.ports.fs.socket_identity(settings.kubelet_socket)  # to tell restarts
         self._busy_since: float | None = None
         self._stalls: dict[str, str] = {}  # reason -> what is stuck
+        # CDI specs follow the devices of the resources that answer with CDI names.
+        self.cdi = CdiSpecs(settings.cdi_dir, metrics)
+        self._cdi_for_all = False
+
+    def write_cdi_for_every_resource(self) -> None:
+        """Keeps a CDI spec for every resource, whatever its ``allocate`` says (a DRA
+        driver answers with CDI names only). Call before :meth:`run`."""
+        self._cdi_for_all = True
+
+    def _wants_cdi(self, resource: ResourceConfig) -> bool:
+        return self._cdi_for_all or resource.uses_cdi
 
     # --- probes -----------------------------------------------------------------------
 
@@ -172,6 +184,7 @@ class Daemon:
                     "shutdown deadline passed; still running: %s",
                     ", ".join([*(f"agent {n}" for n in stuck), *(["event router"] if not router.done() else [])]),
                 )
+        self.cdi.remove_all()  # no runtime may resolve a name nobody serves
         if self._watcher is not None:
             self._watcher.stop()
 
@@ -255,7 +268,13 @@ class Daemon:
         """Arms watches first, then reads the state, so nothing falls between the two."""
         self._rewatch()
         for agent in self.agents.values():
-            agent.apply_discovery(self._discover(agent.config, self.settings.device_root))
+            found = self._discover(agent.config, self.settings.device_root)
+            agent.apply_discovery(found)
+            if self._wants_cdi(agent.config):
+                self.cdi.write(agent.config, found.nodes)
+        wanted = {name for name, agent in self.agents.items() if self._wants_cdi(agent.config)}
+        for name in self.cdi.resources - wanted:  # left the config, or no longer uses CDI
+            self.cdi.remove(name)
         self._check_kubelet()
 
     def _rewatch(self) -> None:

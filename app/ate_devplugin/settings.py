@@ -24,6 +24,7 @@ DEFAULTS = {
     "metrics_address": "0.0.0.0:9477",
     "log_format": "auto",
     "log_level": "info",
+    "cdi_dir": "/var/run/cdi",
 }
 LOG_FORMATS = ("auto", "json", "text")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -66,6 +67,8 @@ class Settings:
     log_format: str
     log_level: str
     timing: Timing = field(default_factory=Timing)
+    # Where the daemon writes the CDI specs of resources that answer Allocate with CDI names.
+    cdi_dir: str = DEFAULTS["cdi_dir"]
 
     @property
     def kubelet_socket(self) -> str:
@@ -115,6 +118,7 @@ def resolve(flags: Mapping[str, str | None], env: Mapping[str, str]) -> Settings
         metrics_port=port,
         log_format=log_format,
         log_level=log_level,
+        cdi_dir=_absolute_dir(pick("cdi_dir"), "cdi_dir"),
     )
 
 

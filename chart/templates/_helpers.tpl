@@ -146,6 +146,21 @@ resources:
       {{ $k | quote }}: {{ $v | toString | quote }}
     {{- end }}
     {{- end }}
+    {{- if hasKey . "allocate" }}
+    allocate: {{ .allocate | quote }}
+    {{- end }}
+    {{- with .cdi }}
+    {{- $cdi := . }}
+    cdi:
+      {{- if hasKey . "file_mode" }}
+      file_mode: {{ .file_mode | quote }}
+      {{- end }}
+      {{- range $key := list "uid" "gid" }}
+      {{- if hasKey $cdi $key }}
+      {{ $key }}: {{ index $cdi $key | int64 }}
+      {{- end }}
+      {{- end }}
+    {{- end }}
 {{- end }}
 {{- end -}}
 
@@ -229,4 +244,18 @@ as checkov.io/skipN annotations (see chart/README.md "Security").
 {{- $lines = append $lines (printf "checkov.io/skip%d: %s" (add1 $i) ($skip | quote)) -}}
 {{- end -}}
 {{- join "\n" $lines -}}
+{{- end -}}
+
+{{/*
+"true" when the daemon writes CDI specs: a resource answers Allocate with its CDI device
+name, or cdi.mount says so (an existingConfigMap's resources are not seen here).
+*/}}
+{{- define "ate-devplugin.usesCdi" -}}
+{{- $uses := .Values.cdi.mount -}}
+{{- range .Values.deviceConfig.resources -}}
+{{- if and (hasKey . "allocate") (ne .allocate "devices") -}}
+{{- $uses = true -}}
+{{- end -}}
+{{- end -}}
+{{- if $uses -}}true{{- end -}}
 {{- end -}}

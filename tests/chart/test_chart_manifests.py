@@ -111,9 +111,13 @@ def test_daemonset_security(helm: Helm, ci_values: Path) -> None:
     assert pod["automountServiceAccountToken"] is False
     assert not c.get("ports", [{}])[0].get("hostPort")
 
-    # Exactly two host paths: the socket directory (rw) and /dev (ro, as the device root).
+    # Two host paths: the socket directory (rw) and /dev (ro, as the device root); and the
+    # CDI spec directory (rw) only when a resource answers with CDI.
     host_paths = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
-    assert set(host_paths) == {"device-plugins", "host-dev"}
+    values = yaml.safe_load(ci_values.read_text()) or {}
+    resources = values.get("deviceConfig", {}).get("resources", [])
+    uses_cdi = values.get("cdi", {}).get("mount") or any(r.get("allocate", "devices") != "devices" for r in resources)
+    assert set(host_paths) == {"device-plugins", "host-dev"} | ({"cdi"} if uses_cdi else set())
     assert host_paths["host-dev"]["path"] == "/dev"
     assert host_paths["device-plugins"]["path"].endswith("/device-plugins")
     mounts = {m["name"]: m for m in c["volumeMounts"]}
@@ -127,6 +131,12 @@ def test_daemonset_security(helm: Helm, ci_values: Path) -> None:
     assert "--device-root=/host/dev" in c["args"]
     assert f"--plugin-dir={host_paths['device-plugins']['path']}" in c["args"]
     assert "--config=/etc/ate-devplugin/config.yaml" in c["args"]
+    cdi_dir = values.get("hostPaths", {}).get("cdi", "/var/run/cdi")
+    assert f"--cdi-dir={cdi_dir}" in c["args"]
+    if uses_cdi:
+        assert host_paths["cdi"] == {"path": cdi_dir, "type": "DirectoryOrCreate"}
+        assert mounts["cdi"]["mountPath"] == cdi_dir
+        assert not mounts["cdi"].get("readOnly")
 
     strategy = ds["spec"]["updateStrategy"]
     if strategy["type"] == "RollingUpdate":
@@ -155,6 +165,26 @@ def test_daemonset_defaults(any_helm: Helm) -> None:
     assert c["ports"] == [{"name": "metrics", "containerPort": 9477, "protocol": "TCP"}]
     assert "--metrics-address=0.0.0.0:9477" in c["args"]
     assert c["image"] == "ate-devplugin:0.1.0"
+
+
+def test_the_cdi_directory_is_mounted_only_when_cdi_is_used(
+    any_helm: Helm, write_values: Callable[[str], Path]
+) -> None:
+    def cdi_volumes(text: str) -> list[Manifest]:
+        pod = one(any_helm.template([write_values(text)]), "DaemonSet")["spec"]["template"]["spec"]
+        return [v for v in pod["volumes"] if v["name"] == "cdi"]
+
+    devices_only = "deviceConfig: {resources: [{name: ate.dev/kvm, devices: [/dev/kvm], allocate: devices}]}"
+    assert cdi_volumes(devices_only) == []
+    assert cdi_volumes("{}") == []
+    both = (
+        "deviceConfig: {resources: [{name: ate.dev/kvm, devices: [/dev/kvm]},"
+        " {name: a.b/c, devices: [/dev/c], allocate: both}]}"
+    )
+    assert [v["hostPath"]["path"] for v in cdi_volumes(both)] == ["/var/run/cdi"]
+    # An existingConfigMap's resources are not seen by the chart: cdi.mount says it.
+    existing = "deviceConfig: {existingConfigMap: mine}\ncdi: {mount: true}"
+    assert [v["hostPath"]["type"] for v in cdi_volumes(existing)] == ["DirectoryOrCreate"]
 
 
 def test_downward_api_and_otel_env(helm: Helm, ci_values: Path) -> None:
