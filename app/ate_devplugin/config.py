@@ -388,6 +388,13 @@ RESOURCE = Record(
                 "Environment variables given to the consuming container.",
             )
         ),
+        # --- admission -----------------------------------------------------------------
+        "preferred_allocation": Field(
+            Flag(
+                "Advertise GetPreferredAllocation and prefer the lowest-numbered free units (default false:"
+                " units are interchangeable, and without it the kubelet makes one call per admission, not two)."
+            )
+        ),
     },
     "One extended resource the daemon advertises.",
 )
@@ -418,6 +425,8 @@ class ResourceConfig:
     permissions: str = DEFAULT_PERMISSIONS
     mounts: tuple[MountConfig, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    # --- admission
+    preferred_allocation: bool = False
 
     @property
     def id_prefix(self) -> str:
@@ -460,6 +469,7 @@ def _resource(m: dict[str, Any], where: str) -> ResourceConfig:
         permissions="".join(c for c in "rwm" if c in m.get("permissions", DEFAULT_PERMISSIONS)),
         mounts=tuple(MountConfig(**x) for x in m.get("mounts", [])),
         env=m.get("env", {}),
+        preferred_allocation=m.get("preferred_allocation", False),
     )
     limit = max_units(len(resource.id_prefix))
     if resource.units > limit:
