@@ -59,7 +59,7 @@ def _nested(*keys: str) -> Callable[[dict[str, Any]], float | None]:
 def rows(data: dict[str, Any]) -> list[Row]:
     sizes = data.get("sizes", {})
     conc = sizes.get("concurrency", 16)
-    growth = sizes.get("growth", [1, 10, 100])
+    growth = sizes.get("growth", [1, 10, 64])
     pods = sizes.get("window", 100)
     out = [
         Row(

@@ -15,7 +15,8 @@ produce a figure has ``{"na": "why"}`` instead of numbers:
    by the Go stub on command (no detection), the kubelet-side floor of any such figure.
 4. ``cold_start``: process start until full allocatable at the kubelet.
 5. ``memory``: resident memory after registration and after N allocations;
-   ``memory_growth``: resident memory with 1, 10, 100 resources on one node.
+   ``memory_growth``: resident memory with 1, 10, 64 resources on one node (64: the
+   most a config may list).
 6. ``idle``: CPU seconds and context switches per minute while nothing happens.
 7. ``metrics_scrape``: /metrics with the largest resource count of ``memory_growth``.
 8. Next to squat/generic-device-plugin (issue 11): ``admission_cpu`` (CPU seconds of the
@@ -64,7 +65,7 @@ class Sizes:
     cold_starts: int = 10
     mem_allocs: int = 10_000
     mem_checkpoint: int = 1000  # "warm" reading, to tell growth from warm-up
-    growth: tuple[int, ...] = (1, 10, 100)
+    growth: tuple[int, ...] = (1, 10, 64)  # 64: the most resources a config may list
     idle_s: float = 60.0
     scrapes: int = 200
     # generic-device-plugin polls every 5 s and re-registers 5 s after a restart: fewer rounds.
