@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import machine
 from bench.peers import BARE_PLUGIN, BARE_SYNC_PLUGIN, GDP, PEER_LABELS
 
+REPO = Path(__file__).resolve().parents[1]
 NOT_MEASURED = "-"
 COLUMNS = (
     "ours",
@@ -545,12 +547,7 @@ def _machine(data: dict[str, Any]) -> str:
             f"protobuf {m.get('protobuf')}, ate-devplugin {m.get('ate_devplugin')}",
             f"- Python peers' own code (app/, bench/): bytecode {m.get('bytecode', 'not recorded')}, "
             "as the image ships it (compiled at build time)",
-            f"- ate-devplugin source: git {m.get('git_revision')}"
-            + (
-                f" at the start, {m['git_revision_at_end']} at the end: app/ changed during the run"
-                if m.get("git_revision_at_end") not in (None, m.get("git_revision"))
-                else ""
-            ),
+            f"- ate-devplugin source: git {m.get('git_revision')}" + _revision_change(m),
             f"- Go: {m.get('go')}; kubelet bench built with {kb.get('go_version')} against k8s.io/kubernetes "
             f"{kb.get('k8s_version')}",
             f"- generic-device-plugin binary: {_gdp_build(m.get('generic_device_plugin') or {})}",
@@ -560,6 +557,15 @@ def _machine(data: dict[str, Any]) -> str:
             f"- Load average (1 min) before and after each phase: {_phase_load(data)}",
         ]
     )
+
+
+def _revision_change(m: dict[str, Any]) -> str:
+    start, end = m.get("git_revision"), m.get("git_revision_at_end")
+    if end is None or start is None or end == start:
+        return ""
+    if machine.app_differs(REPO, start, end):
+        return f" at the start, {end} at the end: app/ changed during the run"
+    return f" at the start, {end} at the end (commits outside app/ only)"
 
 
 def _phase_load(data: dict[str, Any]) -> str:
