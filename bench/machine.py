@@ -99,6 +99,20 @@ def git_revision(repo: Path) -> str:
     return (head or "unknown") + (f"+dirty.{hashlib.sha1(diff).hexdigest()[:8]}" if diff else "")
 
 
+def app_differs(repo: Path, start: str, end: str) -> bool:
+    """Whether app/ differs between two readings of git_revision (commits may have landed
+    outside app/ meanwhile); unknown counts as different."""
+    if start == end:
+        return False
+    if "+dirty" in start or "+dirty" in end or "unknown" in (start, end):
+        return True
+    try:
+        diff = subprocess.run(["git", "-C", str(repo), "diff", "--quiet", start, end, "--", "app"], timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return True
+    return diff.returncode != 0
+
+
 def describe(bench_binary: Path, gdp: Path | None = None) -> dict[str, Any]:
     uname = os.uname()
     return {

@@ -42,7 +42,9 @@ UNITS = 4096
 NULL = DeviceNumber(1, 3)  # every benchmark device node copies /dev/null's numbers
 GDP_ENV = "ATE_BENCH_GENERIC_DEVICE_PLUGIN"
 GDP = "generic-device-plugin"
+SYNC_THREADS = 8  # the sync bare plugin's pool: one held by the ListAndWatch stream
 BARE_PLUGIN = "bare-grpc-aio-plugin"
+BARE_SYNC_PLUGIN = "bare-grpc-sync-plugin"
 
 
 def gdp_binary() -> Path | None:
@@ -353,6 +355,23 @@ class BarePlugin(OneProcessPlugin):
         return "sends its list once and never looks at devices"
 
 
+class BareSyncPlugin(BarePlugin):
+    """``bench.bare_grpc plugin-sync``: the bare plugin on gRPC's synchronous server with a
+    thread pool, next to the aio one: what serving the calls another way would change."""
+
+    key = BARE_SYNC_PLUGIN
+    label = f"bare grpc sync-server device plugin ({SYNC_THREADS} threads)"
+
+    def spawn(self) -> None:
+        repo = Path(__file__).resolve().parents[1]
+        path = os.pathsep.join([str(repo), str(repo / "app"), os.environ.get("PYTHONPATH", "")])
+        argv = [sys.executable, "-m", "bench.bare_grpc", "plugin-sync", self.socket, self.resource]
+        argv += [str(self.units), str(SYNC_THREADS)]
+        self.proc = self.ns.spawn(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": path}
+        )
+
+
 class BarePeer:
     """An idle baseline (``bench.bare_grpc``) inside ``ns``: the bare server alone, or
     with a client process holding a stream open (that client is not measured)."""
@@ -419,9 +438,8 @@ class Env:
         self.ns.open()
         self.kubelet = KubeletBench(self.ns, self.version, verbosity=0, log_dir=self.work / "logs")
         self.kubelet.start()
-        names = resource_names(
-            "ate.dev" if self.peer_key in ("ours", GDP, BARE_PLUGIN) else "example.com", self._resources
-        )
+        ours_domain = self.peer_key in ("ours", GDP, BARE_PLUGIN, BARE_SYNC_PLUGIN)
+        names = resource_names("ate.dev" if ours_domain else "example.com", self._resources)
         self.plugin = make_plugin(self.peer_key, self.ns, names, self._units, self.work, self.version, self._otlp)
         if start_plugin:
             self.plugin.start()
@@ -480,6 +498,8 @@ def make_plugin(
         return GenericDevicePlugin(ns, resources, units, work)
     if key == BARE_PLUGIN:
         return BarePlugin(ns, resources, units, work)
+    if key == BARE_SYNC_PLUGIN:
+        return BareSyncPlugin(ns, resources, units, work)
     raise ValueError(f"unknown peer {key!r}")
 
 
@@ -489,6 +509,7 @@ PEER_LABELS: Mapping[str, str] = {
     GoStubPreferred.key: GoStubPreferred.label,
     GenericDevicePlugin.key: GenericDevicePlugin.label,
     BarePlugin.key: BarePlugin.label,
+    BareSyncPlugin.key: BareSyncPlugin.label,
     "bare-grpc-aio": "bare grpc.aio server (no services)",
     "bare-grpc-aio-stream": "bare grpc.aio server, one stream held open",
     "ours-tracing": "ate-devplugin, tracing on (OTLP)",

@@ -15,7 +15,8 @@ produce a figure has ``{"na": "why"}`` instead of numbers:
    by the Go stub on command (no detection), the kubelet-side floor of any such figure.
 4. ``cold_start``: process start until full allocatable at the kubelet.
 5. ``memory``: resident memory after registration and after N allocations;
-   ``memory_growth``: resident memory with 1, 10, 100 resources on one node.
+   ``memory_growth``: resident memory with 1, 10, 64 resources on one node (64: the
+   most a config may list).
 6. ``idle``: CPU seconds and context switches per minute while nothing happens.
 7. ``metrics_scrape``: /metrics with the largest resource count of ``memory_growth``.
 8. Next to squat/generic-device-plugin (issue 11): ``admission_cpu`` (CPU seconds of the
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import procstat
-from bench.peers import BARE_PLUGIN, GDP, UNITS, BarePeer, DeviceNodes, Env, GoStub, gdp_missing
+from bench.peers import BARE_PLUGIN, BARE_SYNC_PLUGIN, GDP, UNITS, BarePeer, DeviceNodes, Env, GoStub, gdp_missing
 from bench.stats import summary_ms
 from tests.harness.kubelet import BenchError, Namespace
 from tests.harness.otlp import OtlpReceiver
@@ -64,7 +65,7 @@ class Sizes:
     cold_starts: int = 10
     mem_allocs: int = 10_000
     mem_checkpoint: int = 1000  # "warm" reading, to tell growth from warm-up
-    growth: tuple[int, ...] = (1, 10, 100)
+    growth: tuple[int, ...] = (1, 10, 64)  # 64: the most resources a config may list
     idle_s: float = 60.0
     scrapes: int = 200
     # generic-device-plugin polls every 5 s and re-registers 5 s after a restart: fewer rounds.
@@ -148,8 +149,9 @@ class Suite:
         self.timings: dict[str, float] = {}
         self.gdp_missing = gdp_missing()
         with_gdp = () if self.gdp_missing else (GDP,)
-        # The bare plugin is the Python floor: allocation, cold start and idle only.
-        self.peers_allocate = (*PEERS_ALLOCATE, *with_gdp, BARE_PLUGIN)
+        # The bare plugin is the Python floor: allocation, cold start and idle only; its
+        # twin on gRPC's sync server: allocation only.
+        self.peers_allocate = (*PEERS_ALLOCATE, *with_gdp, BARE_PLUGIN, BARE_SYNC_PLUGIN)
         self.peers = (*PEERS, *with_gdp)
 
     # -- helpers -------------------------------------------------------------------
@@ -204,6 +206,7 @@ class Suite:
                     self.allocate_kubelet(envs)
                     self.allocate_rpc(envs)
                 envs.pop("go-stub-pref").close()
+                envs.pop(BARE_SYNC_PLUGIN).close()
                 # Kept for the idle figure: it never registers again after a kubelet restart.
                 floor = envs.pop(BARE_PLUGIN)
                 # Device changes and restarts run on an empty node, then with `window` pods
@@ -323,9 +326,9 @@ class Suite:
         self.notes["admission_cpu"] = (
             "utime + stime of the plugin's process(es) (/proc/<pid>/stat, 10 ms ticks) over the "
             "sequential admissions through the kubelet, divided by their number; the pods that "
-            "end meanwhile cost the plugin nothing. Ours and the preferring stub get two RPCs "
-            "per admission (GetPreferredAllocation with every free unit, then Allocate); the "
-            "generic-device-plugin and the plain stub get Allocate only."
+            "end meanwhile cost the plugin nothing. The preferring stub gets two RPCs per "
+            "admission (GetPreferredAllocation with every free unit, then Allocate); every other "
+            "peer, ours included (GetPreferredAllocation is opt-in per resource), gets Allocate only."
         )
 
     def rpc_load(self, e: Env, count: int, concurrency: int, ids: list[str]) -> dict[str, Any]:

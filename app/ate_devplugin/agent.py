@@ -23,6 +23,7 @@ from ate_devplugin.ports import Clock, Filesystem, KubeletClient, Server
 from ate_devplugin.reconciler import Action, Decision, Observed, decide
 from ate_devplugin.registration import Backoff, RegistrationError
 from ate_devplugin.server import ServeError
+from ate_devplugin.servicer import plugin_options
 from ate_devplugin.settings import Timing
 
 log = logging.getLogger(__name__)
@@ -252,7 +253,9 @@ class ResourceAgent:
         self._said_waiting = False
         self.state.registering()
         attempt = asyncio.ensure_future(
-            self.ports.kubelet.register(self.kubelet_socket, self.config.socket_name, self.name, self._cause)
+            self.ports.kubelet.register(
+                self.kubelet_socket, self.config.socket_name, self.name, plugin_options(self.config), self._cause
+            )
         )
         self._attempt = attempt
         try:

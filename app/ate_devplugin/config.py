@@ -437,6 +437,13 @@ RESOURCE = Record(
             )
         ),
         **CDI_FIELDS,
+        # --- admission -----------------------------------------------------------------
+        "preferred_allocation": Field(
+            Flag(
+                "Advertise GetPreferredAllocation and prefer the lowest-numbered free units (default false:"
+                " units are interchangeable, and without it the kubelet makes one call per admission, not two)."
+            )
+        ),
     },
     "One extended resource the daemon advertises.",
 )
@@ -477,6 +484,9 @@ class ResourceConfig:
     def uses_cdi(self) -> bool:
         """Allocate names the CDI device, so the resource's CDI spec must be in place."""
         return self.allocate != ALLOCATE_DEVICES
+
+    # --- admission
+    preferred_allocation: bool = False
 
     @property
     def id_prefix(self) -> str:
@@ -523,6 +533,7 @@ def _resource(m: dict[str, Any], where: str) -> ResourceConfig:
         cdi_file_mode=int(m["cdi"]["file_mode"], 8) if "file_mode" in m.get("cdi", {}) else None,
         cdi_uid=m.get("cdi", {}).get("uid"),
         cdi_gid=m.get("cdi", {}).get("gid"),
+        preferred_allocation=m.get("preferred_allocation", False),
     )
     if resource.uses_cdi and (problem := cdi.name_problem(resource.name)):
         raise ConfigError(f"{where}.name", problem)

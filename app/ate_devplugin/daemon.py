@@ -28,6 +28,7 @@ from ate_devplugin.events import (
     Paths,
     SocketGone,
     Stop,
+    matters,
     route,
 )
 from ate_devplugin.inventory import ResourceState
@@ -84,6 +85,7 @@ class Daemon:
         self._stop: Stop | AgentDied | None = None
         self._stopping = asyncio.Event()
         self._watcher: Watcher | None = None
+        self._quiet_dir: str | None = None  # see events.matters; read on the watcher's thread
         self._reader = Worker("config reload")
         self._config_data: bytes | None = None  # the config file's bytes last read
         self._read_failure: str | None = None  # why the file could not be read last time
@@ -140,7 +142,7 @@ class Daemon:
     async def run(self) -> None:
         """Runs until a stop is requested; raises AgentDiedError when an agent died."""
         loop = asyncio.get_running_loop()
-        self._watcher = Watcher(loop, self.put)
+        self._watcher = Watcher(loop, self.put, lambda e: matters(e, self._quiet_dir))
         self._watcher.start()
         for resource in self.resources:
             self._add(resource)
@@ -279,12 +281,16 @@ class Daemon:
 
     def _rewatch(self) -> None:
         assert self._watcher is not None
-        dirs = {nearest_existing(self.settings.plugin_dir)}
+        dirs: set[str] = set()
         if self.settings.config:
             dirs.add(nearest_existing(str(self.settings.config.parent)))
         for agent in self.agents.values():
             dirs |= watch_dirs(agent.config, self.settings.device_root)
-        self._watcher.watch(dirs)
+        plugin_dir = self.settings.plugin_dir
+        # Only sockets and directories matter in the plugin directory, unless it is watched
+        # for the config or devices as well.
+        self._quiet_dir = plugin_dir if plugin_dir not in dirs else None
+        self._watcher.watch(dirs | {nearest_existing(plugin_dir)})
 
     def _check_kubelet(self) -> None:
         """Notices a new kubelet by its socket's identity: a restart, seen once however told."""

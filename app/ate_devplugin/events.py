@@ -57,6 +57,19 @@ class Paths:
     config: str | None
 
 
+def matters(event: FsEvent, quiet_dir: str | None) -> bool:
+    """Whether a filesystem event can mean anything to the daemon.
+
+    In ``quiet_dir`` (the plugin directory, when nothing else is watched there) only
+    directories and sockets (``*.sock``: the kubelet's and every plugin's) do: the kubelet
+    rewrites its checkpoint file there at every admission, and handling those events cost
+    more CPU than the Allocate call itself.
+    """
+    if quiet_dir is None or event.is_directory:
+        return True
+    return any(os.path.dirname(p) != quiet_dir or p.endswith(".sock") for p in event.paths())
+
+
 def route(batch: Iterable[FsEvent], paths: Paths) -> list[Event]:
     """The typed events a batch of filesystem events means, each at most once, in order.
 

@@ -18,6 +18,7 @@ from typing import Protocol
 from opentelemetry.context import Context
 from opentelemetry.trace import Tracer
 
+from ate_devplugin.api.v1beta1 import api_pb2 as pb
 from ate_devplugin.registration import register
 
 # (st_dev, st_ino, st_mtime_ns) of a socket file.
@@ -31,7 +32,14 @@ class Filesystem(Protocol):
 
 
 class KubeletClient(Protocol):
-    async def register(self, kubelet_socket: str, endpoint: str, resource_name: str, cause: Context | None) -> None:
+    async def register(
+        self,
+        kubelet_socket: str,
+        endpoint: str,
+        resource_name: str,
+        options: pb.DevicePluginOptions,
+        cause: Context | None,
+    ) -> None:
         """Raises registration.RegistrationError."""
 
 
@@ -82,8 +90,15 @@ class GrpcKubelet:
     tracer: Tracer
     timeout: float
 
-    async def register(self, kubelet_socket: str, endpoint: str, resource_name: str, cause: Context | None) -> None:
-        await register(kubelet_socket, endpoint, resource_name, self.tracer, cause=cause, timeout=self.timeout)
+    async def register(
+        self,
+        kubelet_socket: str,
+        endpoint: str,
+        resource_name: str,
+        options: pb.DevicePluginOptions,
+        cause: Context | None,
+    ) -> None:
+        await register(kubelet_socket, endpoint, resource_name, options, self.tracer, cause=cause, timeout=self.timeout)
 
 
 class SystemClock:

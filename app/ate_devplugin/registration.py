@@ -10,7 +10,6 @@ from opentelemetry.trace import SpanKind, Tracer
 
 from ate_devplugin.api.v1beta1 import api_pb2 as pb
 from ate_devplugin.api.v1beta1 import api_pb2_grpc
-from ate_devplugin.servicer import OPTIONS
 from ate_devplugin.tracing import rpc_span, set_rpc_status
 
 API_VERSION = "v1beta1"
@@ -36,18 +35,19 @@ async def register(
     kubelet_socket: str,
     endpoint: str,
     resource_name: str,
+    options: pb.DevicePluginOptions,
     tracer: Tracer,
     *,
     cause: Context | None = None,
     timeout: float,
 ) -> None:
     """Registers, raising RegistrationError; ``cause`` parents the span (e.g. a kubelet restart)."""
-    request = pb.RegisterRequest(version=API_VERSION, endpoint=endpoint, resource_name=resource_name, options=OPTIONS)
+    request = pb.RegisterRequest(version=API_VERSION, endpoint=endpoint, resource_name=resource_name, options=options)
     # Python gRPC would send the socket path as :authority; the kubelet's peers send localhost.
-    options = [("grpc.default_authority", "localhost")]
+    channel_options = [("grpc.default_authority", "localhost")]
     with rpc_span(tracer, "v1beta1.Registration", "Register", SpanKind.CLIENT, cause) as span:
         span.set_attribute("ate_devplugin.resource_name", resource_name)
-        async with grpc.aio.insecure_channel(f"unix://{kubelet_socket}", options=options) as channel:
+        async with grpc.aio.insecure_channel(f"unix://{kubelet_socket}", options=channel_options) as channel:
             try:
                 stub = api_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]  # generated code is unannotated
                 await stub.Register(request, timeout=timeout)

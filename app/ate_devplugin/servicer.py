@@ -13,7 +13,7 @@ from opentelemetry.trace import NoOpTracer, SpanKind, Tracer
 
 from ate_devplugin.api.v1beta1 import api_pb2 as pb
 from ate_devplugin.cdi import device_id
-from ate_devplugin.config import ALLOCATE_CDI
+from ate_devplugin.config import ALLOCATE_CDI, ResourceConfig
 from ate_devplugin.devices import DeviceNode
 from ate_devplugin.inventory import HEALTHY, ResourceState
 from ate_devplugin.metrics import Metrics
@@ -22,7 +22,12 @@ from ate_devplugin.tracing import rpc_span, set_rpc_status, trace_id_exemplar
 log = logging.getLogger(__name__)
 
 SERVICE = "v1beta1.DevicePlugin"
-OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+# GetPreferredAllocation is advertised only where the configuration asks for it: units
+# are interchangeable, and without it the kubelet makes one call per admission, not two.
+_OPTIONS = {
+    preferred: pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=preferred)
+    for preferred in (False, True)
+}
 # The kubelet sends one container request per call; a bound keeps a hostile caller from
 # holding the event loop (and everyone else) with thousands of them.
 MAX_CONTAINER_REQUESTS = 64
@@ -31,6 +36,11 @@ MAX_CONTAINER_REQUESTS = 64
 Context = grpc.aio.ServicerContext[Any, Any]
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
+
+
+def plugin_options(config: ResourceConfig) -> pb.DevicePluginOptions:
+    """The options of a resource, as registered and as GetDevicePluginOptions answers."""
+    return _OPTIONS[config.preferred_allocation]
 
 
 class RequestError(Exception):
@@ -51,6 +61,7 @@ class DevicePluginServicer:
         # The API's no-op tracer (tracing off) records nothing: skip span work altogether.
         self._traced = not isinstance(tracer, NoOpTracer)
         self.resource = state.config.name
+        self._options_message = plugin_options(state.config)
         self._encoded: dict[str, bytes] = {}
         # The answer for one container request (what the kubelet sends), remade only when
         # the discovered nodes change (every filesystem event brings a new, usually equal,
@@ -116,7 +127,7 @@ class DevicePluginServicer:
     # --- the answers -------------------------------------------------------------
 
     def _options(self, _: pb.Empty) -> pb.DevicePluginOptions:
-        return OPTIONS
+        return self._options_message
 
     def _device_list(self, health: str) -> bytes:
         """The full unit list in one health, encoded once and shared by every stream."""
@@ -216,7 +227,7 @@ class DevicePluginServicer:
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"container request {n}: allocation_size {size} outside 0..{len(available)}",
                 )
-            # Units are interchangeable; prefer the lowest-numbered, so allocations
+            # Asked for in the configuration: prefer the lowest-numbered, so allocations
             # read predictably in the kubelet's checkpoint. The scan walks the units in
             # use (the lowest ones, mostly) and stops at the first free ones it needs.
             chosen = must[:size]

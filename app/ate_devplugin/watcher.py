@@ -52,9 +52,12 @@ class FsEvent:
 
 
 class _Forward(FileSystemEventHandler):
-    def __init__(self, loop: asyncio.AbstractEventLoop, put: Callable[[FsEvent], None]) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, put: Callable[[FsEvent], None], keep: Callable[[FsEvent], bool]
+    ) -> None:
         self._loop = loop
         self._put = put
+        self._keep = keep
 
     def on_any_event(self, event: FileSystemEvent) -> None:
         fs_event = FsEvent(
@@ -63,17 +66,25 @@ class _Forward(FileSystemEventHandler):
             dest_path=os.fsdecode(event.dest_path),
             is_directory=event.is_directory,
         )
-        self._loop.call_soon_threadsafe(self._put, fs_event)
+        # Dropped here, on the observer's thread: the event loop is not even woken.
+        if self._keep(fs_event):
+            self._loop.call_soon_threadsafe(self._put, fs_event)
 
 
 class Watcher:
     """Watches a set of directories, non-recursively, and can change the set at any time."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, put: Callable[[FsEvent], None]) -> None:
-        """``put`` receives every event, on the loop's thread."""
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        put: Callable[[FsEvent], None],
+        keep: Callable[[FsEvent], bool] = lambda _: True,
+    ) -> None:
+        """``put`` receives every event ``keep`` (called on the observer's thread) keeps,
+        on the loop's thread."""
         self._observer = InotifyObserver(timeout=_DISPATCH_TIMEOUT_S)
         self._observer.daemon = True
-        self._handler = _Forward(loop, put)
+        self._handler = _Forward(loop, put, keep)
         # Each watch is kept with the directory's identity: a directory removed and
         # made again under the same name needs a new inotify watch.
         self._watches: dict[str, tuple[ObservedWatch, tuple[int, int]]] = {}

@@ -27,7 +27,7 @@ GDP = "generic-device-plugin"
 # one, each of its figures must say so.
 WITH_GDP = bool(os.environ.get("ATE_BENCH_GENERIC_DEVICE_PLUGIN"))
 GDP_RUN, GDP_NA = ((GDP,), ()) if WITH_GDP else ((), (GDP,))
-ALLOCATING = ("ours", "go-stub", "go-stub-pref", "bare-grpc-aio-plugin", *GDP_RUN)
+ALLOCATING = ("ours", "go-stub", "go-stub-pref", "bare-grpc-aio-plugin", "bare-grpc-sync-plugin", *GDP_RUN)
 
 # figure -> peers that must have numbers / peers that must say N/A
 EXPECTED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {

@@ -32,6 +32,8 @@ SOCKET_NAME = "ate-ate-dev-kvm.sock"
 REPO = Path(__file__).resolve().parents[2]
 ALERTS_FILE = REPO / "chart" / "files" / "alerts.yaml"
 KVM_CONFIG = f"resources:\n  - name: {RESOURCE}\n    devices: [/dev/kvm]\n"
+# The kubelet calls GetPreferredAllocation only where a resource asks for it.
+PREFERRED_CONFIG = KVM_CONFIG + "    preferred_allocation: true\n"
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -181,7 +183,9 @@ def fleet_scenario(workdir: Path, rule_files: Sequence[Path] = (ALERTS_FILE,)) -
         }
         driver = kubelet_driver(workdir / "kubelet")
         stack.callback(driver.close)
-        node_a = node_daemon(workdir, "node-a", ns=driver.ns, plugin_dir=driver.plugin_dir, env=tracing)
+        node_a = node_daemon(
+            workdir, "node-a", ns=driver.ns, plugin_dir=driver.plugin_dir, config=PREFERRED_CONFIG, env=tracing
+        )
         node_b = node_daemon(workdir, "node-b", config=KVM_CONFIG, env=tracing)
         nodes = {n.node: n for n in (node_a, node_b)}
         for n in nodes.values():

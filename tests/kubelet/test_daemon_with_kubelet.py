@@ -49,8 +49,18 @@ def test_allocation_gives_exactly_the_device_node(kubelet: KubeletBench, daemon:
     assert kubelet.devices("pod-a", "vm") != kubelet.devices("pod-b", "vm")
 
 
-def test_kubelet_uses_our_preferred_allocation(kubelet: KubeletBench, daemon: MakeDaemon) -> None:
+def test_by_default_the_kubelet_makes_one_call_per_admission(kubelet: KubeletBench, daemon: MakeDaemon) -> None:
     d = daemon()
+    full(kubelet)
+    assert len(kubelet.allocate("pod-a", "vm", {KVM: 2}).device_ids[KVM]) == 2
+    kubelet.allocate("pod-b", "vm", {KVM: 1})
+    assert d.metric("ate_devplugin_allocate_requests_total", resource_name=KVM, code="OK") == 2
+    # GetPreferredAllocation not advertised: the kubelet picks the units itself.
+    assert d.metric("ate_devplugin_preferred_allocation_requests_total", resource_name=KVM) == 0
+
+
+def test_kubelet_uses_our_preferred_allocation(kubelet: KubeletBench, daemon: MakeDaemon) -> None:
+    d = daemon(f"resources:\n  - name: {KVM}\n    devices: [/dev/kvm]\n    preferred_allocation: true\n")
     full(kubelet)
     # Without a preference the kubelet picks from an unordered set; ours is lowest-first.
     assert kubelet.allocate("pod-a", "vm", {KVM: 1}).device_ids == {KVM: ["kvm-0"]}

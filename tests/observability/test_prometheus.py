@@ -11,6 +11,7 @@ import pytest
 from tests.harness.daemon import DevicePluginDaemon, MakeDaemon
 from tests.harness.devices import add_device_node, remove_device_node
 from tests.harness.kubelet import KubeletBench
+from tests.harness.monitoring import PREFERRED_CONFIG
 from tests.harness.prometheus import INSTALL, Prometheus, PrometheusConfig, Sample, ScrapeTarget
 from tests.harness.require import require_tool
 
@@ -21,7 +22,7 @@ SEL = f'resource_name="{KVM}",node="node-1"'
 @pytest.fixture
 def scraped(daemon: MakeDaemon, tmp_path: Path) -> Iterator[tuple[DevicePluginDaemon, Prometheus]]:
     require_tool("prometheus", INSTALL)
-    d = daemon()
+    d = daemon(PREFERRED_CONFIG)
     config = PrometheusConfig(targets=[ScrapeTarget(f"127.0.0.1:{d.port}", node="node-1")])
     with Prometheus(config) as prom:
         prom.wait_for_targets_up()

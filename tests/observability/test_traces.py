@@ -8,6 +8,7 @@ from pathlib import Path
 from tests.harness.daemon import MakeDaemon
 from tests.harness.devices import add_device_node, remove_device_node
 from tests.harness.kubelet import KubeletBench
+from tests.harness.monitoring import PREFERRED_CONFIG
 from tests.harness.otlp import OtlpReceiver, ReceivedSpan
 
 KVM = "ate.dev/kvm"
@@ -23,6 +24,7 @@ def test_spans_follow_rpc_conventions_and_link_causes(
 ) -> None:
     with OtlpReceiver() as otlp:
         d = daemon(
+            PREFERRED_CONFIG,
             env={
                 "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint,
                 "OTEL_EXPORTER_OTLP_INSECURE": "true",
@@ -32,7 +34,7 @@ def test_spans_follow_rpc_conventions_and_link_causes(
                 "K8S_NODE_NAME": "node-7",
                 "K8S_POD_NAME": "ate-devplugin-x1",
                 "K8S_NAMESPACE_NAME": "ate-system",
-            }
+            },
         )
         kubelet.wait(KVM, allocatable=4096, timeout=30)
         kubelet.allocate("pod-a", "vm", {KVM: 1})

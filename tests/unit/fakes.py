@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from opentelemetry.context import Context
 
 from ate_devplugin.agent import Ports
+from ate_devplugin.api.v1beta1 import api_pb2 as pb
 from ate_devplugin.inventory import ResourceState
 from ate_devplugin.ports import SocketId
 from ate_devplugin.registration import RegistrationError
@@ -33,11 +34,20 @@ class FakeKubelet:
 
     outcomes: list[str | None] = field(default_factory=list)
     calls: int = 0
+    options: list[pb.DevicePluginOptions] = field(default_factory=list)
     opens_stream: list[ResourceState] = field(default_factory=list)
     streams_of: Callable[[str], ResourceState | None] | None = None
 
-    async def register(self, kubelet_socket: str, endpoint: str, resource_name: str, cause: Context | None) -> None:
+    async def register(
+        self,
+        kubelet_socket: str,
+        endpoint: str,
+        resource_name: str,
+        options: pb.DevicePluginOptions,
+        cause: Context | None,
+    ) -> None:
         self.calls += 1
+        self.options.append(options)
         outcome = self.outcomes.pop(0) if self.outcomes else None
         if outcome == "hang":
             await asyncio.Event().wait()

@@ -71,6 +71,8 @@ async def test_serves_registers_and_is_ready_with_the_kubelets_stream(world: Wor
     agent = await started(world)
     assert world.server.starts == 1
     assert world.kubelet.calls == 1
+    # The resource's options: GetPreferredAllocation not asked for, not advertised.
+    assert [o.get_preferred_allocation_available for o in world.kubelet.options] == [False]
     assert world.registrations("success") == 1
     assert world.metrics.registry.get_sample_value("ate_devplugin_registered", {"resource_name": KVM.name}) == 1
     assert await agent.stop()

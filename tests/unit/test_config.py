@@ -28,6 +28,7 @@ def test_minimal_resource_gets_defaults() -> None:
     assert (r.name, r.devices, r.units, r.permissions) == ("ate.dev/kvm", ("/dev/kvm",), DEFAULT_UNITS, "rw")
     assert r.socket_name == "ate-ate-dev-kvm.sock"
     assert list(r.unit_ids())[:2] == ["kvm-0", "kvm-1"]
+    assert r.preferred_allocation is False
 
 
 def test_full_resource() -> None:
@@ -40,12 +41,14 @@ resources:
     permissions: wr
     mounts: [{container_path: /etc/x, host_path: /etc/y}]
     env: {VHOST: "1", N: 2}
+    preferred_allocation: true
 """
     )
     assert r.devices == ("/dev/vhost-net", "/dev/net/tun")
     assert r.permissions == "rw"
     assert r.mounts[0].read_only is True
     assert dict(r.env) == {"VHOST": "1", "N": "2"}
+    assert r.preferred_allocation is True
 
 
 @pytest.mark.parametrize(
@@ -85,6 +88,11 @@ resources:
         ("resources: [{name: ate.dev/kvm, devices: [/dev/kvm], units: true}]", "resources[0].units", "positive"),
         ("resources: [{name: ate.dev/kvm, devices: [/dev/kvm], units: '8'}]", "resources[0].units", "positive"),
         ("resources: [{name: ate.dev/kvm, devices: [/dev/kvm], units: 999999}]", "resources[0].units", "4 MiB"),
+        (
+            "resources: [{name: ate.dev/kvm, devices: [/dev/kvm], preferred_allocation: 'yes'}]",
+            "resources[0].preferred_allocation",
+            "true or false",
+        ),
         ("resources: [{name: ate.dev/kvm, devices: [/dev/kvm], permissions: rwx}]", "resources[0].permissions", "rwm"),
         ("resources: [{name: ate.dev/kvm, devices: [/dev/kvm], permissions: rr}]", "resources[0].permissions", "once"),
         ("resources: [{name: ate.dev/kvm, devices: [/dev/kvm], permissions: ''}]", "resources[0].permissions", "rwm"),

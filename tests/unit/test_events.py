@@ -12,6 +12,7 @@ from ate_devplugin.events import (
     KubeletSocketCreated,
     Paths,
     SocketGone,
+    matters,
     route,
 )
 from ate_devplugin.watcher import FsEvent
@@ -55,3 +56,27 @@ def test_route(why: str, batch: list[FsEvent], expected: list[Event]) -> None:
 def test_no_config_file_no_config_events() -> None:
     paths = Paths(kubelet_socket=PATHS.kubelet_socket, sockets={}, config=None)
     assert route([fs("closed", "/etc/ate/config.yaml")], paths) == []
+
+
+@pytest.mark.parametrize(
+    ("event", "quiet_dir", "kept"),
+    [
+        # The kubelet's checkpoint rewrite: a temporary file written, then renamed over.
+        (fs("created", f"{D}/.kubelet_internal_checkpoint.tmp"), D, False),
+        (fs("closed", f"{D}/.kubelet_internal_checkpoint.tmp"), D, False),
+        (fs("moved", f"{D}/.kubelet_internal_checkpoint.tmp", f"{D}/kubelet_internal_checkpoint"), D, False),
+        (fs("created", f"{D}/kubelet.sock"), D, True),
+        (fs("deleted", f"{D}/kvm.sock"), D, True),
+        (fs("moved", f"{D}/x.tmp", f"{D}/kvm.sock"), D, True),
+        (fs("moved", f"{D}/checkpoint", "/elsewhere/checkpoint"), D, True),
+        (fs("created", f"{D}/sub", is_dir=True), D, True),
+        (fs("deleted", D, is_dir=True), D, True),
+        # Not quiet (nothing given, or another directory): everything is kept.
+        (fs("created", f"{D}/kubelet_internal_checkpoint"), None, True),
+        (fs("created", "/dev/kvm"), D, True),
+    ],
+)
+def test_only_sockets_and_directories_matter_in_the_quiet_directory(
+    event: FsEvent, quiet_dir: str | None, kept: bool
+) -> None:
+    assert matters(event, quiet_dir) is kept

@@ -49,18 +49,19 @@ async def serving(kubelet: Kubelet, path: Path) -> grpc.aio.Server:
 
 
 TRACER = NoOpTracerProvider().get_tracer("test")
+OPTIONS = pb.DevicePluginOptions(get_preferred_allocation_available=True)
 
 
 async def test_register_sends_what_the_kubelet_needs(tmp_path: Path) -> None:
     kubelet = Kubelet()
     server = await serving(kubelet, tmp_path / "kubelet.sock")
     try:
-        await register(str(tmp_path / "kubelet.sock"), "ate-kvm.sock", "ate.dev/kvm", TRACER, timeout=5)
+        await register(str(tmp_path / "kubelet.sock"), "ate-kvm.sock", "ate.dev/kvm", OPTIONS, TRACER, timeout=5)
     finally:
         await server.stop(None)
     (request,) = kubelet.requests
     assert (request.version, request.endpoint, request.resource_name) == ("v1beta1", "ate-kvm.sock", "ate.dev/kvm")
-    assert request.options.get_preferred_allocation_available
+    assert request.options == OPTIONS
 
 
 @pytest.mark.parametrize(
@@ -78,7 +79,7 @@ async def test_a_refusal_is_a_registration_error_with_its_reason(
     server = await serving(Kubelet(abort_with=code), tmp_path / "kubelet.sock")
     try:
         with pytest.raises(RegistrationError) as caught:
-            await register(str(tmp_path / "kubelet.sock"), "ate-kvm.sock", "ate.dev/kvm", TRACER, timeout=5)
+            await register(str(tmp_path / "kubelet.sock"), "ate-kvm.sock", "ate.dev/kvm", OPTIONS, TRACER, timeout=5)
     finally:
         await server.stop(None)
     assert caught.value.reason == reason
@@ -89,7 +90,7 @@ async def test_a_hanging_kubelet_times_out(tmp_path: Path) -> None:
     server = await serving(Kubelet(hang=True), tmp_path / "kubelet.sock")
     try:
         with pytest.raises(RegistrationError) as caught:
-            await register(str(tmp_path / "kubelet.sock"), "ate-kvm.sock", "ate.dev/kvm", TRACER, timeout=0.2)
+            await register(str(tmp_path / "kubelet.sock"), "ate-kvm.sock", "ate.dev/kvm", OPTIONS, TRACER, timeout=0.2)
     finally:
         await server.stop(0)
     assert caught.value.reason == "timeout"
@@ -97,5 +98,5 @@ async def test_a_hanging_kubelet_times_out(tmp_path: Path) -> None:
 
 async def test_no_kubelet_is_unavailable(tmp_path: Path) -> None:
     with pytest.raises(RegistrationError) as caught:
-        await register(str(tmp_path / "absent.sock"), "ate-kvm.sock", "ate.dev/kvm", TRACER, timeout=5)
+        await register(str(tmp_path / "absent.sock"), "ate-kvm.sock", "ate.dev/kvm", OPTIONS, TRACER, timeout=5)
     assert caught.value.reason == "unavailable"

@@ -1,5 +1,6 @@
 """The DevicePlugin service over a real unix socket, driven by a gRPC client (no kubelet)."""
 
+import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +17,7 @@ from ate_devplugin.devices import DeviceNode, Discovery
 from ate_devplugin.inventory import ResourceState
 from ate_devplugin.metrics import Metrics
 from ate_devplugin.server import PluginServer
-from ate_devplugin.servicer import DevicePluginServicer
+from ate_devplugin.servicer import DevicePluginServicer, plugin_options
 
 RESOURCE = ResourceConfig(
     name="ate.dev/kvm",
@@ -61,10 +62,17 @@ def allocate(*ids: str) -> pb.AllocateRequest:
     return pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=list(ids))])
 
 
-async def test_options_advertise_preferred_allocation_only(plugin: Plugin) -> None:
+async def test_options_advertise_nothing_by_default(plugin: Plugin) -> None:
     options = await plugin.stub.GetDevicePluginOptions(pb.Empty())
-    assert options.get_preferred_allocation_available
+    assert not options.get_preferred_allocation_available
     assert not options.pre_start_required
+
+
+def test_options_advertise_preferred_allocation_when_configured() -> None:
+    preferred = plugin_options(dataclasses.replace(RESOURCE, preferred_allocation=True))
+    assert preferred.get_preferred_allocation_available
+    assert not preferred.pre_start_required
+    assert not plugin_options(RESOURCE).get_preferred_allocation_available
 
 
 async def test_allocate_returns_device_mounts_env(plugin: Plugin) -> None:

@@ -56,3 +56,16 @@ def test_nearest_existing(tmp_path: Path) -> None:
     assert nearest_existing(str(tmp_path / "no/such/dir")) == str(tmp_path)
     assert nearest_existing(str(tmp_path)) == str(tmp_path)
     assert nearest_existing("/no-such-top-level-dir") == "/"
+
+
+async def test_events_keep_drops_are_never_put(tmp_path: Path) -> None:
+    seen: list[FsEvent] = []
+    watcher = Watcher(asyncio.get_running_loop(), seen.append, keep=lambda e: not e.path.endswith(".skip"))
+    watcher.start()
+    watcher.watch({str(tmp_path)})
+    (tmp_path / "a.skip").write_text("1")
+    (tmp_path / "b").write_text("1")
+    # Events of one directory arrive in order: once b's is in, a's would have been.
+    await until(lambda: any(e.path == str(tmp_path / "b") for e in seen), "created b")
+    assert not any(e.path.endswith(".skip") for e in seen)
+    watcher.stop()
