@@ -61,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--log-format", help="auto, json or text (default auto: json unless on a terminal)")
     run.add_argument("--log-level", help="debug, info, warning or error (default info)")
+    run.add_argument("--mode", help="device-plugin (default), dra, or both")
+    run.add_argument("--node-name", help="this node's name, required with DRA (default: $NODE_NAME)")
+    run.add_argument("--registry-dir", help=f"the kubelet's plugin registry (default {DEFAULTS['registry_dir']})")
+    run.add_argument("--dra-dir", help=f"the DRA driver's socket directory (default {DEFAULTS['dra_dir']})")
+    run.add_argument(
+        "--dra-slots", help=f"claims that can share each resource on a node (default {DEFAULTS['dra_slots']})"
+    )
     check = sub.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("file", type=Path)
     sub.add_parser("version", help="print the version")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from opentelemetry.trace import SpanKind
 
@@ -38,6 +39,9 @@ from ate_devplugin.servicer import DevicePluginServicer
 from ate_devplugin.settings import Settings
 from ate_devplugin.tracing import Tracing
 from ate_devplugin.watcher import FsEvent, Watcher, nearest_existing
+
+if TYPE_CHECKING:  # imported only in DRA mode
+    from ate_devplugin.dra_plugin import DraPlugin
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +72,7 @@ class Daemon:
         tracing: Tracing,
         ports: Ports | None = None,
         discover: Callable[[ResourceConfig, str], Discovery] = discover,
+        dra: DraPlugin | None = None,
     ) -> None:
         self.settings = settings
         self.timing = settings.timing
@@ -76,6 +81,7 @@ class Daemon:
         self.tracing = tracing
         self.ports = ports or host_ports(settings, metrics, tracing)
         self._discover = discover
+        self.dra = dra  # the DRA driver, in mode dra or both
         self.agents: dict[str, ResourceAgent] = {}
         self._retiring: set[ResourceAgent] = set()
         self._inbox: list[FsEvent | Event] = []
@@ -97,6 +103,10 @@ class Daemon:
         waiting = [a.name for a in self.agents.values() if a.state.discovery.complete and not a.serving]
         if waiting:
             return False, "not registered with a ListAndWatch stream: " + ", ".join(sorted(waiting))
+        if self.dra is not None:
+            ready, why = self.dra.readiness()
+            if not ready:
+                return False, why
         present = sum(1 for a in self.agents.values() if a.state.discovery.complete)
         return True, f"ok: {present} of {len(self.agents)} resources present and registered"
 
@@ -130,6 +140,8 @@ class Daemon:
         loop = asyncio.get_running_loop()
         self._watcher = Watcher(loop, self.put)
         self._watcher.start()
+        if self.dra is not None:
+            await self.dra.start()
         for resource in self.resources:
             self._add(resource)
         self._refresh()
@@ -164,6 +176,8 @@ class Daemon:
             router.cancel()
             await asyncio.wait({router}, timeout=0.1)
         stops = {asyncio.ensure_future(a.stop()): a.name for a in [*self.agents.values(), *self._retiring]}
+        if self.dra is not None:
+            stops[asyncio.ensure_future(self.dra.stop(max(0.0, deadline - loop.time() - 0.2)))] = "dra"
         if stops:
             _, pending = await asyncio.wait(stops, timeout=max(0.0, deadline - loop.time()))
             stuck = [stops[s] for s in pending]
@@ -225,6 +239,8 @@ class Daemon:
     # --- agents -------------------------------------------------------------------------
 
     def _add(self, resource: ResourceConfig) -> None:
+        if not self.settings.device_plugin:
+            return  # DRA only: no device plugin agents
         self.metrics.add_resource(resource.name)
         agent = ResourceAgent(
             resource,
@@ -254,8 +270,11 @@ class Daemon:
     def _refresh(self) -> None:
         """Arms watches first, then reads the state, so nothing falls between the two."""
         self._rewatch()
-        for agent in self.agents.values():
-            agent.apply_discovery(self._discover(agent.config, self.settings.device_root))
+        found = {r.name: self._discover(r, self.settings.device_root) for r in self.resources}
+        for name, agent in self.agents.items():
+            agent.apply_discovery(found[name])
+        if self.dra is not None:
+            self.dra.update(self.resources, found)
         self._check_kubelet()
 
     def _rewatch(self) -> None:
@@ -263,8 +282,8 @@ class Daemon:
         dirs = {nearest_existing(self.settings.plugin_dir)}
         if self.settings.config:
             dirs.add(nearest_existing(str(self.settings.config.parent)))
-        for agent in self.agents.values():
-            dirs |= watch_dirs(agent.config, self.settings.device_root)
+        for resource in self.resources:
+            dirs |= watch_dirs(resource, self.settings.device_root)
         self._watcher.watch(dirs)
 
     def _check_kubelet(self) -> None:
