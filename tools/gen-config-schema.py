@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ate_devplugin import config
+from ate_devplugin import cdi, config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,7 +53,7 @@ def schema_text() -> str:
     return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
 
 
-# Mirrors config._resource's unit limit, config.check_across and config.socket_name; the
+# Mirrors config._resource's unit limit and CDI name rule, config.check_across and config.socket_name; the
 # equivalence test in tests/chart/test_config_contract.py holds them together. @NAME@
 # placeholders are filled from the model.
 TEMPLATE_TEXT = """{{/* @GENERATED@ */}}
@@ -72,6 +72,10 @@ TEMPLATE_TEXT = """{{/* @GENERATED@ */}}
 {{- end -}}
 {{- end -}}
 {{- $where := printf "deviceConfig.resources[%d].name" $i -}}
+{{- $cdiName := regexMatch "^[A-Za-z][^/]*/[A-Za-z]" $r.name -}}
+{{- if and (hasKey $r "allocate") (ne $r.allocate "@ALLOCATE_DEVICES@") (not $cdiName) -}}
+{{- fail (printf "%s: @CDI_NAME_PROBLEM@" $where) -}}
+{{- end -}}
 {{- $socket := printf "ate-%s.sock" (regexReplaceAll "@SOCKET_CHARS@" $r.name "-") -}}
 {{- range $key := list $r.name $socket -}}
 {{- if hasKey $seen $key -}}
@@ -106,6 +110,8 @@ def template_text() -> str:
         "MAX_TOTAL_UNITS": str(config.MAX_TOTAL_UNITS),
         "TOTAL_PROBLEM": f"deviceConfig.resources: %.0f units in all exceed {config.MAX_TOTAL_UNITS}"
         " (memory: the chart's 128 Mi limit)",
+        "ALLOCATE_DEVICES": config.ALLOCATE_DEVICES,
+        "CDI_NAME_PROBLEM": str(cdi.name_problem("0/0")),
         "SOCKET_CHARS": config.SOCKET_CHARS,
         "MAX_SOCKET_PATH": str(config.MAX_SOCKET_PATH),
         "SOCKET_PROBLEM": f"%s: socket path %s is longer than the {config.MAX_SOCKET_PATH}-byte unix socket limit",

@@ -2,7 +2,8 @@
 # Installs what the demo and the tests need on a fresh machine, then builds the Go peers.
 #   tools/setup.sh demo    Python package + the kubelet bench
 #   tools/setup.sh test    everything: + Debian tools, helm, the image's base, and the
-#                          one-node cluster of tests/e2e (Kubernetes binaries, containerd)
+#                          one-node cluster of tests/e2e (Kubernetes binaries, containerd 1.6
+#                          from Debian and containerd 2 built from source)
 # Idempotent: installed packages and up-to-date builds are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,4 +47,6 @@ if [ "$what" = test ]; then
   tools/install-test-tools.sh --no-apt
   # kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl for tests/e2e.
   tools/build-k8s.sh
+  # containerd 2 (CDI) for the e2e cluster's second runtime; Debian's runc runs its pods.
+  tools/build-containerd.sh
 fi

@@ -29,6 +29,8 @@ from typing import Any
 
 import yaml
 
+from ate_devplugin import cdi
+
 CONFIG_VERSION = 1
 DEFAULT_UNITS = 4096
 DEFAULT_PERMISSIONS = "rw"
@@ -151,17 +153,27 @@ class Text:
 class Integer:
     minimum: int
     description: str = ""
+    maximum: int | None = None
 
     def check(self, raw: Any, where: str) -> int:
         # An integral float is the same number (helm cannot tell 8 from 8.0 either).
         if isinstance(raw, float) and raw.is_integer():
             raw = int(raw)
         if isinstance(raw, bool) or not isinstance(raw, int) or raw < self.minimum:
-            raise ConfigError(where, f"must be a positive integer (got {_shown(raw)})")
+            raise ConfigError(where, f"must be {self._kind()} (got {_shown(raw)})")
+        if self.maximum is not None and raw > self.maximum:
+            raise ConfigError(where, f"must be {self._kind()} (got {_shown(raw)})")
         return raw
+
+    def _kind(self) -> str:
+        if self.maximum is not None:
+            return f"an integer from {self.minimum} to {self.maximum}"
+        return "a positive integer"
 
     def schema(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "integer", "minimum": self.minimum}
+        if self.maximum is not None:
+            out["maximum"] = self.maximum
         if self.description:
             out["description"] = self.description
         return out
@@ -358,6 +370,42 @@ _MOUNT = Record(
         "read_only": Field(Flag("Read-only bind mount (default true).")),
     }
 )
+# --- CDI: how Allocate answers, and the device node a CDI spec makes ------------------
+
+ALLOCATE_DEVICES = "devices"  # device specs: what every runtime understands (containerd 1.6 too)
+ALLOCATE_CDI = "cdi"  # the CDI device name only: the runtime applies the resource's spec
+ALLOCATE_BOTH = "both"
+ALLOCATE_MODES = (ALLOCATE_DEVICES, ALLOCATE_CDI, ALLOCATE_BOTH)
+MAX_ID = 2**32 - 1  # uid and gid are uint32 in a CDI spec
+CDI_FIELDS = {
+    "allocate": Field(
+        Text(
+            (_NO_CONTROL, Pattern("|".join(ALLOCATE_MODES), f"must be one of {', '.join(ALLOCATE_MODES)}")),
+            max(len(m) for m in ALLOCATE_MODES),
+            f"How Allocate answers: '{ALLOCATE_DEVICES}' (device specs, the default), '{ALLOCATE_CDI}' (the CDI "
+            f"device name; needs a CDI-enabled runtime such as containerd 2) or '{ALLOCATE_BOTH}'.",
+        )
+    ),
+    "cdi": Field(
+        Record(
+            {
+                "file_mode": Field(
+                    Text(
+                        (_NO_CONTROL, Pattern("0?[0-7]{3}", "must be an octal file mode in quotes, e.g. '0666'")),
+                        4,
+                        "Mode of the device node inside the container, octal in quotes (e.g. '0666'); "
+                        "default: the host node's.",
+                    )
+                ),
+                "uid": Field(Integer(0, "Owner of the node inside the container (default: its user).", MAX_ID)),
+                "gid": Field(Integer(0, "Group of the node inside the container.", MAX_ID)),
+            },
+            "The device nodes of this resource's CDI spec.",
+        )
+    ),
+}
+# --- end CDI ---------------------------------------------------------------------------
+
 RESOURCE = Record(
     {
         "name": Field(_NAME, required=True),
@@ -388,6 +436,7 @@ RESOURCE = Record(
                 "Environment variables given to the consuming container.",
             )
         ),
+        **CDI_FIELDS,
     },
     "One extended resource the daemon advertises.",
 )
@@ -418,6 +467,16 @@ class ResourceConfig:
     permissions: str = DEFAULT_PERMISSIONS
     mounts: tuple[MountConfig, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    # CDI: how Allocate answers, and the node the CDI spec makes (None: the runtime's default).
+    allocate: str = ALLOCATE_DEVICES
+    cdi_file_mode: int | None = None
+    cdi_uid: int | None = None
+    cdi_gid: int | None = None
+
+    @property
+    def uses_cdi(self) -> bool:
+        """Allocate names the CDI device, so the resource's CDI spec must be in place."""
+        return self.allocate != ALLOCATE_DEVICES
 
     @property
     def id_prefix(self) -> str:
@@ -460,7 +519,13 @@ def _resource(m: dict[str, Any], where: str) -> ResourceConfig:
         permissions="".join(c for c in "rwm" if c in m.get("permissions", DEFAULT_PERMISSIONS)),
         mounts=tuple(MountConfig(**x) for x in m.get("mounts", [])),
         env=m.get("env", {}),
+        allocate=m.get("allocate", ALLOCATE_DEVICES),
+        cdi_file_mode=int(m["cdi"]["file_mode"], 8) if "file_mode" in m.get("cdi", {}) else None,
+        cdi_uid=m.get("cdi", {}).get("uid"),
+        cdi_gid=m.get("cdi", {}).get("gid"),
     )
+    if resource.uses_cdi and (problem := cdi.name_problem(resource.name)):
+        raise ConfigError(f"{where}.name", problem)
     limit = max_units(len(resource.id_prefix))
     if resource.units > limit:
         raise ConfigError(

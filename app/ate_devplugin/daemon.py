@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from opentelemetry.trace import SpanKind
 
 from ate_devplugin.agent import Ports, ResourceAgent
+from ate_devplugin.cdi import CdiSpecs
 from ate_devplugin.config import ConfigError, ResourceConfig
 from ate_devplugin.devices import Discovery, discover, watch_dirs
 from ate_devplugin.events import (
@@ -95,6 +96,19 @@ class Daemon:
         self._kubelet = self.ports.fs.socket_identity(settings.kubelet_socket)  # to tell restarts
         self._busy_since: float | None = None
         self._stalls: dict[str, str] = {}  # reason -> what is stuck
+        # CDI specs follow the devices of the resources that answer with CDI names.
+        self.cdi = CdiSpecs(settings.cdi_dir, metrics)
+        self._cdi_for_all = False
+        if dra is not None:  # the DRA driver answers with CDI names only
+            self.write_cdi_for_every_resource()
+
+    def write_cdi_for_every_resource(self) -> None:
+        """Keeps a CDI spec for every resource, whatever its ``allocate`` says (a DRA
+        driver answers with CDI names only). Call before :meth:`run`."""
+        self._cdi_for_all = True
+
+    def _wants_cdi(self, resource: ResourceConfig) -> bool:
+        return self._cdi_for_all or resource.uses_cdi
 
     # --- probes -----------------------------------------------------------------------
 
@@ -186,6 +200,7 @@ class Daemon:
                     "shutdown deadline passed; still running: %s",
                     ", ".join([*(f"agent {n}" for n in stuck), *(["event router"] if not router.done() else [])]),
                 )
+        self.cdi.remove_all()  # no runtime may resolve a name nobody serves
         if self._watcher is not None:
             self._watcher.stop()
 
@@ -273,7 +288,13 @@ class Daemon:
         found = {r.name: self._discover(r, self.settings.device_root) for r in self.resources}
         for name, agent in self.agents.items():
             agent.apply_discovery(found[name])
-        if self.dra is not None:
+        wanted = {r.name for r in self.resources if self._wants_cdi(r)}
+        for resource in self.resources:
+            if resource.name in wanted:
+                self.cdi.write(resource, found[resource.name].nodes)
+        for name in self.cdi.resources - wanted:  # left the config, or no longer uses CDI
+            self.cdi.remove(name)
+        if self.dra is not None:  # after the specs: a published device's CDI name must resolve
             self.dra.update(self.resources, found)
         self._check_kubelet()
 

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import grpc
@@ -20,7 +20,7 @@ from opentelemetry.trace import Tracer
 
 from ate_devplugin import dra_registration, dra_service
 from ate_devplugin.config import ResourceConfig
-from ate_devplugin.devices import DeviceNode, Discovery
+from ate_devplugin.devices import Discovery
 from ate_devplugin.dra_registration import RegistrationServicer
 from ate_devplugin.dra_service import ClaimReader, DraDriver
 from ate_devplugin.dra_slices import SliceApi, SlicePublisher, slot_devices
@@ -36,26 +36,17 @@ class KubeApi(ClaimReader, SliceApi, Protocol):
     async def close(self) -> None: ...
 
 
-class CdiWriter(Protocol):
-    """Writes and removes the per-resource CDI specs the runtime resolves our device IDs with."""
-
-    def write(self, resource: ResourceConfig, nodes: Sequence[DeviceNode]) -> object: ...
-    def remove_all(self) -> object: ...
-
-
 class DraPlugin:
     def __init__(
         self,
         settings: Settings,
         api: KubeApi,
-        cdi: CdiWriter,
         cdi_id: Callable[[str], str],
         metrics: DraMetrics,
         tracer: Tracer,
     ) -> None:
         self.settings = settings
         self.api = api
-        self.cdi = cdi
         self.cdi_id = cdi_id
         self.metrics = metrics
         self.tracer = tracer
@@ -93,13 +84,8 @@ class DraPlugin:
         )
 
     def update(self, resources: tuple[ResourceConfig, ...], discoveries: Mapping[str, Discovery]) -> None:
-        """Publishes the resources whose device nodes are all present, with their CDI specs written first."""
-        present = []
-        for resource in resources:
-            discovery = discoveries[resource.name]
-            if discovery.complete:
-                self.cdi.write(resource, discovery.nodes)
-                present.append(resource.name)
+        """Publishes the resources whose device nodes are all present (their CDI specs are written by then)."""
+        present = [r.name for r in resources if discoveries[r.name].complete]
         self.publisher.publish(slot_devices(present, self.settings.dra_slots))
 
     async def _serve(self, path: str, server: grpc.aio.Server) -> None:
@@ -115,7 +101,7 @@ class DraPlugin:
         self._servers.append((path, server))
 
     async def stop(self, deadline_s: float) -> bool:
-        """Sockets removed, slices deleted and CDI specs removed, within ``deadline_s`` for the API calls."""
+        """Sockets removed and slices deleted, within ``deadline_s`` for the API calls."""
         for path, server in reversed(self._servers):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
@@ -125,6 +111,5 @@ class DraPlugin:
             await asyncio.wait_for(self.publisher.stop(), deadline_s)
         except Exception as exc:  # a failed cleanup must not hold the exit
             log.error("could not delete this node's resource slices: %r", exc)
-        self.cdi.remove_all()
         await self.api.close()
         return True

@@ -10,21 +10,31 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, cast
 
 from lightkube import ApiError, AsyncClient
+from lightkube.core.exceptions import ConfigError as ClientConfigError
 from lightkube.operators import BinaryOperator, SequenceOperator
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
+from ate_devplugin.config import ConfigError
 from ate_devplugin.dra_service import ClaimNotFoundError
 
 NOT_FOUND = 404
 WATCH_TIMEOUT_S = 300  # the server ends each watch after this long; the publisher lists again
 
 
+def connect() -> KubeApi:
+    """A client for the API server; no credentials is a configuration error (the pod needs its token)."""
+    try:
+        return KubeApi(AsyncClient(field_manager="ate-devplugin"))
+    except ClientConfigError as exc:
+        raise ConfigError("mode", f"DRA needs the API server, but no credentials were found: {exc}") from exc
+
+
 class KubeApi:
     """Credentials from the pod's service account, or KUBECONFIG outside a cluster."""
 
-    def __init__(self, client: AsyncClient | None = None) -> None:
-        self.client = client or AsyncClient(field_manager="ate-devplugin")
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
 
     async def close(self) -> None:
         await self.client.close()

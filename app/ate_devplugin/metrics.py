@@ -25,6 +25,7 @@ ALLOCATE_CODES = ("OK", "INVALID_ARGUMENT", "FAILED_PRECONDITION", "INTERNAL")
 # event_handling: a batch of events not handled within its deadline; agent_stop: an
 # agent's task that did not end when cancelled.
 STALL_REASONS = ("event_handling", "agent_stop")
+CDI_SPEC_UPDATES = tuple((action, result) for action in ("write", "remove") for result in ("success", "failure"))
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
@@ -99,6 +100,14 @@ class Metrics:
         )
         for reason in STALL_REASONS:
             self.lifecycle_stalls.labels(reason)
+        # --- CDI specs ---
+        self.cdi_spec_updates = Counter(
+            f"{PREFIX}_cdi_spec_updates",
+            "CDI spec files written or removed, by action and result.",
+            [*res, "action", "result"],
+            registry=r,
+        )
+        # --- end CDI specs ---
 
     def _series(self, name: str) -> list[tuple[MetricWrapperBase, tuple[str, ...]]]:
         """Every labelled series of one resource, as (metric, label values)."""
@@ -106,6 +115,7 @@ class Metrics:
             *((self.registrations, (name, result)) for result in REGISTRATION_RESULTS),
             *((m, (name, health)) for health in HEALTH_LABELS for m in (self.devices, self.health_changes)),
             *((self.allocate_requests, (name, code)) for code in ALLOCATE_CODES),
+            *((self.cdi_spec_updates, (name, *a)) for a in CDI_SPEC_UPDATES),
             *(
                 (m, (name,))
                 for m in (

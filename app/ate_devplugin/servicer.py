@@ -12,6 +12,8 @@ import grpc
 from opentelemetry.trace import NoOpTracer, SpanKind, Tracer
 
 from ate_devplugin.api.v1beta1 import api_pb2 as pb
+from ate_devplugin.cdi import device_id
+from ate_devplugin.config import ALLOCATE_CDI
 from ate_devplugin.devices import DeviceNode
 from ate_devplugin.inventory import HEALTHY, ResourceState
 from ate_devplugin.metrics import Metrics
@@ -186,17 +188,19 @@ class DevicePluginServicer:
         nodes = self.state.discovery.nodes
         if self._answer_of_one is None or self._answer_of_one[0] != nodes:
             config = self.state.config
-            container = pb.ContainerAllocateResponse(
-                envs=dict(config.env),
-                mounts=[
+            container = pb.ContainerAllocateResponse()
+            if config.allocate != ALLOCATE_CDI:  # device specs: any runtime applies them
+                container.envs.update(config.env)
+                container.mounts.extend(
                     pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
                     for m in config.mounts
-                ],
-                devices=[
+                )
+                container.devices.extend(
                     pb.DeviceSpec(container_path=n.host_path, host_path=n.host_path, permissions=config.permissions)
                     for n in nodes
-                ],
-            )
+                )
+            if config.uses_cdi:  # the runtime applies the resource's CDI spec (nodes, mounts, env)
+                container.cdi_devices.append(pb.CDIDevice(name=device_id(config.name)))
             self._answer_of_one = (nodes, pb.AllocateResponse(container_responses=[container]))
         return self._answer_of_one[1]
 

@@ -28,6 +28,7 @@ DEFAULTS = {
     "metrics_address": "0.0.0.0:9477",
     "log_format": "auto",
     "log_level": "info",
+    "cdi_dir": "/var/run/cdi",
     # --- DRA (mode dra or both) ---
     "mode": "device-plugin",
     "node_name": "",  # falls back to NODE_NAME, which the chart sets from the downward API
@@ -76,6 +77,8 @@ class Settings:
     log_format: str
     log_level: str
     timing: Timing = field(default_factory=Timing)
+    # Where the daemon writes the CDI specs of resources that answer Allocate with CDI names.
+    cdi_dir: str = DEFAULTS["cdi_dir"]
     # --- DRA (mode dra or both) ---
     mode: str = DEFAULTS["mode"]
     node_name: str = ""
@@ -156,6 +159,7 @@ def resolve(flags: Mapping[str, str | None], env: Mapping[str, str]) -> Settings
         metrics_port=port,
         log_format=log_format,
         log_level=log_level,
+        cdi_dir=_absolute_dir(pick("cdi_dir"), "cdi_dir"),
         mode=mode,
         node_name=node_name,
         registry_dir=_absolute_dir(pick("registry_dir"), "registry_dir"),

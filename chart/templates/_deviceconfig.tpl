@@ -14,6 +14,10 @@
 {{- end -}}
 {{- end -}}
 {{- $where := printf "deviceConfig.resources[%d].name" $i -}}
+{{- $cdiName := regexMatch "^[A-Za-z][^/]*/[A-Za-z]" $r.name -}}
+{{- if and (hasKey $r "allocate") (ne $r.allocate "devices") (not $cdiName) -}}
+{{- fail (printf "%s: for CDI, the domain and the name after the slash must start with a letter" $where) -}}
+{{- end -}}
 {{- $socket := printf "ate-%s.sock" (regexReplaceAll "[/.]" $r.name "-") -}}
 {{- range $key := list $r.name $socket -}}
 {{- if hasKey $seen $key -}}

@@ -146,6 +146,21 @@ resources:
       {{ $k | quote }}: {{ $v | toString | quote }}
     {{- end }}
     {{- end }}
+    {{- if hasKey . "allocate" }}
+    allocate: {{ .allocate | quote }}
+    {{- end }}
+    {{- with .cdi }}
+    {{- $cdi := . }}
+    cdi:
+      {{- if hasKey . "file_mode" }}
+      file_mode: {{ .file_mode | quote }}
+      {{- end }}
+      {{- range $key := list "uid" "gid" }}
+      {{- if hasKey $cdi $key }}
+      {{ $key }}: {{ index $cdi $key | int64 }}
+      {{- end }}
+      {{- end }}
+    {{- end }}
 {{- end }}
 {{- end -}}
 

@@ -141,6 +141,21 @@ def field_values() -> dict[str, list[Any]]:
             {f"V{i}": "x" for i in range(config.MAX_ENV + 1)},
             ["A=x"],
         ],
+        "allocate": ["devices", "cdi", "both", "CDI", "", "cdi\n", 1, None],
+        "cdi": [
+            {},
+            {"file_mode": "0666", "uid": 10001, "gid": 0},
+            {"file_mode": "640"},
+            {"file_mode": "0999"},
+            {"file_mode": "04755"},
+            {"file_mode": 438},
+            {"uid": config.MAX_ID, "gid": 1.0},
+            {"uid": config.MAX_ID + 1},
+            {"gid": -1},
+            {"uid": "1"},
+            {"mode": "0666"},
+            ["0666"],
+        ],
     }
 
 
@@ -163,6 +178,9 @@ def corpus() -> list[tuple[str, Any]]:
             "resources-over-max",
             [{"name": f"ate.dev/r{i}", "devices": ["/dev/kvm"]} for i in range(config.MAX_RESOURCES + 1)],
         ),
+        ("cdi-name-digit", [{**GOOD, "name": "ate.dev/9kvm", "allocate": "cdi"}]),
+        ("cdi-domain-digit", [{**GOOD, "name": "9ate.dev/kvm", "allocate": "both"}]),
+        ("devices-name-digit", [{**GOOD, "name": "9ate.dev/9kvm", "allocate": "devices"}]),
         ("names-twice", [GOOD, {**GOOD, "devices": ["/dev/fuse"]}]),
         ("socket-collision", [{**GOOD, "name": "a.b/c"}, {**GOOD, "name": "a-b/c"}]),
         ("socket-collision-2", [{**GOOD, "name": "a/b.c"}, {**GOOD, "name": "a/b-c"}]),
@@ -190,6 +208,11 @@ def daemon_verdict(resources: Any) -> tuple[config.ResourceConfig, ...] | Config
     except ConfigError as exc:
         return exc
     return accepted
+
+
+def _seen(r: config.ResourceConfig) -> tuple[Any, ...]:
+    return (r.name, r.devices, r.units, r.permissions, r.mounts, sorted(r.env),
+            r.allocate, r.cdi_file_mode, r.cdi_uid, r.cdi_gid)  # fmt: skip
 
 
 def helm_verdicts(helm: Helm, cases: list[tuple[str, Any]], workdir: Path) -> list[subprocess.CompletedProcess[str]]:
@@ -231,6 +254,7 @@ def test_the_corpus_has_both_verdicts_and_every_rule() -> None:
         "at most 64 entries",
         "requests.",
         "kubernetes.io",
+        "for CDI",
     ):
         assert words in problems, words
 
@@ -253,7 +277,5 @@ def test_helm_renders_a_config_if_and_only_if_the_daemon_accepts_it(helm: Helm, 
         (configmap,) = [d for d in yaml.safe_load_all(rendered.stdout) if d]
         from_chart = decode_resources(configmap["data"]["config.yaml"].encode(), "chart")
         # The same resources; env values rendered by helm are its text for a number.
-        assert [(r.name, r.devices, r.units, r.permissions, r.mounts, sorted(r.env)) for r in from_chart] == [
-            (r.name, r.devices, r.units, r.permissions, r.mounts, sorted(r.env)) for r in daemon
-        ], case_id
+        assert [_seen(r) for r in from_chart] == [_seen(r) for r in daemon], case_id
     assert not mismatches, "\n".join(mismatches)

@@ -5,11 +5,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from ate_devplugin.config import ResourceConfig
-from ate_devplugin.devices import DeviceNode
 from ate_devplugin.dra_service import ClaimNotFoundError
 
 
@@ -107,20 +105,6 @@ class FakeApi:
 
     def devices(self) -> list[str]:
         return sorted(d["name"] for s in self.slices.values() for d in s["spec"]["devices"])
-
-
-class FakeCdi:
-    def __init__(self) -> None:
-        self.written: dict[str, tuple[DeviceNode, ...]] = {}
-        self.removed_all = False
-
-    def write(self, resource: ResourceConfig, nodes: Sequence[DeviceNode]) -> bool:
-        self.written[resource.name] = tuple(nodes)
-        return True
-
-    def remove_all(self) -> bool:
-        self.removed_all = True
-        return True
 
 
 def cdi_id(resource: str) -> str:

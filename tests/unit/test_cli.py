@@ -54,6 +54,8 @@ def test_bad_config_exits_2_with_one_line(tmp_path: Path, command: str) -> None:
         (["--metrics-address", "localhost"], {}, "metrics_address"),
         ([], {"ATE_DEVPLUGIN_LOG_FORMAT": "xml"}, "log_format"),
         (["--plugin-dir", "/" + "p" * 100], {}, "resources[0].name"),
+        (["--cdi-dir", "run/cdi"], {}, "cdi_dir"),
+        ([], {"ATE_DEVPLUGIN_CDI_DIR": "cdi"}, "cdi_dir"),
     ],
 )
 def test_bad_settings_exit_2(args: list[str], env: dict[str, str], field: str) -> None:
@@ -70,3 +72,23 @@ def test_flags_win_over_env() -> None:
     )
     assert (settings.device_root, settings.plugin_dir) == ("/host/dev", "/p")
     assert settings.kubelet_socket == "/p/kubelet.sock"
+
+
+@pytest.mark.parametrize(
+    ("resource", "field"),
+    [
+        ("allocate: cdi-only", "resources[0].allocate"),
+        ("cdi: {file_mode: 438}", "resources[0].cdi.file_mode"),
+        ("cdi: {file_mode: '0999'}", "resources[0].cdi.file_mode"),
+        ("cdi: {uid: -1}", "resources[0].cdi.uid"),
+        ("cdi: {gid: 4294967296}", "resources[0].cdi.gid"),
+        ("cdi: {mode: '0666'}", "resources[0].cdi.mode"),
+    ],
+)
+def test_bad_cdi_settings_exit_2_naming_the_field(tmp_path: Path, resource: str, field: str) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(f"resources: [{{name: ate.dev/kvm, devices: [/dev/kvm], {resource}}}]\n")
+    result = run("run", "--config", str(config), "--plugin-dir", str(tmp_path / "plugins"))
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"ate-devplugin: config error: {field}:"), result.stderr

@@ -100,6 +100,22 @@ resources:
             "resources[0].mounts[0].host_path",
             "required",
         ),
+        ("resources: [{name: ate.dev/kvm, devices: [/dev/kvm], allocate: CDI}]", "resources[0].allocate", "one of"),
+        (
+            "resources: [{name: ate.dev/kvm, devices: [/dev/kvm], cdi: {file_mode: 0666}}]",  # YAML reads 438
+            "resources[0].cdi.file_mode",
+            "string",
+        ),
+        (
+            "resources: [{name: ate.dev/kvm, devices: [/dev/kvm], cdi: {file_mode: '4755'}}]",
+            "resources[0].cdi.file_mode",
+            "octal",
+        ),
+        ("resources: [{name: ate.dev/kvm, devices: [/dev/kvm], cdi: {uid: -1}}]", "resources[0].cdi.uid", "0 to"),
+        ("resources: [{name: ate.dev/kvm, devices: [/dev/kvm], cdi: {gid: 1.5}}]", "resources[0].cdi.gid", "0 to"),
+        ("resources: [{name: ate.dev/kvm, devices: [/dev/kvm], cdi: [x]}]", "resources[0].cdi", "mapping"),
+        ("resources: [{name: 9ate.dev/kvm, devices: [/dev/kvm], allocate: cdi}]", "resources[0].name", "letter"),
+        ("resources: [{name: ate.dev/9kvm, devices: [/dev/kvm], allocate: both}]", "resources[0].name", "letter"),
         (
             "resources: [{name: ate.dev/kvm, devices: [/dev/kvm]}, {name: ate.dev/kvm, devices: [/dev/fuse]}]",
             "resources[1].name",
@@ -119,6 +135,21 @@ def test_bad_config_names_field_and_problem(text: str, field: str, words: str) -
     assert message.startswith(field), message
     assert words in message, message
     assert "\n" not in message
+
+
+def test_cdi_settings() -> None:
+    text = """resources:
+- {name: ate.dev/kvm, devices: [/dev/kvm], allocate: cdi, cdi: {file_mode: '0666', uid: 0, gid: 4294967295}}
+- {name: ate.dev/tun, devices: [/dev/net/tun], allocate: both}
+- {name: ate.dev/fuse, devices: [/dev/fuse], cdi: {file_mode: '640'}}
+- {name: 9.dev/9x, devices: [/dev/x]}
+"""
+    kvm, tun, fuse, digits = parse_resources(text)
+    assert (kvm.allocate, kvm.cdi_file_mode, kvm.cdi_uid, kvm.cdi_gid) == ("cdi", 0o666, 0, 2**32 - 1)
+    assert (kvm.uses_cdi, tun.uses_cdi, fuse.uses_cdi) == (True, True, False)
+    assert (tun.cdi_file_mode, tun.cdi_uid, tun.cdi_gid) == (None, None, None)
+    assert (fuse.allocate, fuse.cdi_file_mode) == ("devices", 0o640)
+    assert not digits.uses_cdi  # not a CDI kind, and fine while it answers with device specs
 
 
 def test_unreadable_file(tmp_path: Path) -> None:

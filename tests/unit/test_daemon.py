@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -32,7 +34,11 @@ def found(config: ResourceConfig, root: str) -> Discovery:
 class Setup:
     def __init__(self, tmp_path: Path, config: str | None = None, **timing: float) -> None:
         (tmp_path / "plugins").mkdir()
-        flags = {"device_root": str(tmp_path / "dev"), "plugin_dir": str(tmp_path / "plugins")}
+        flags = {
+            "device_root": str(tmp_path / "dev"),
+            "plugin_dir": str(tmp_path / "plugins"),
+            "cdi_dir": str(tmp_path / "cdi"),
+        }
         if config is not None:
             (tmp_path / "etc").mkdir()
             self.config = tmp_path / "etc/config.yaml"
@@ -52,8 +58,9 @@ class Setup:
             self.metrics,
             Tracing(NoOpTracerProvider()),
             fake_ports(self.fs, self.kubelet, FakeClock(), self.servers),
-            discover=found,
+            discover=lambda config, root: self.discovered.get(config.name) or found(config, root),
         )
+        self.discovered: dict[str, Discovery] = {}  # what discovery finds, when not the default
         agents = self.daemon.agents  # the kubelet opens its stream within each Register
         self.kubelet.streams_of = lambda name: agents[name].state if name in agents else None
 
@@ -185,3 +192,56 @@ async def test_an_agent_that_dies_ends_the_daemon(tmp_path: Path) -> None:
     s.servers["ate.dev/kvm"] = FakeServer("/plugins/kvm.sock", crash=True)
     with pytest.raises(AgentDiedError, match=r"ate\.dev/kvm"):
         await asyncio.wait_for(s.daemon.run(), 5)
+
+
+CDI_KVM_AND_TUN = (
+    "resources: [{name: ate.dev/kvm, devices: [/dev/kvm], allocate: cdi, cdi: {file_mode: '0666'}},"
+    " {name: ate.dev/tun, devices: [/dev/net/tun], allocate: both}]\n"
+)
+
+
+async def test_cdi_specs_follow_the_devices_and_the_config(tmp_path: Path) -> None:
+    s = Setup(tmp_path, CDI_KVM_AND_TUN)
+    kvm, tun = tmp_path / "cdi/ate.dev-kvm.json", tmp_path / "cdi/ate.dev-tun.json"
+    task = await running(s)
+    assert json.loads(kvm.read_text())["devices"][0]["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/kvm", "type": "c", "major": 10, "minor": 200, "permissions": "rw", "fileMode": 438}
+    ]
+    assert tun.exists()
+
+    # A node appears: the spec carries it after the next discovery.
+    two = (DeviceNode("/dev/kvm", 10, 200), DeviceNode("/dev/kvm2", 10, 201))
+    s.discovered["ate.dev/kvm"] = Discovery(nodes=two, complete=True)
+    s.daemon.put(FsEvent("created", str(tmp_path / "dev/kvm2"), "", False))
+    await until(lambda: len(json.loads(kvm.read_text())["devices"][0]["containerEdits"]["deviceNodes"]) == 2, "2 nodes")
+
+    # tun answers with device specs now, and kvm leaves the config: both specs go.
+    s.config.write_text("resources: [{name: ate.dev/tun, devices: [/dev/net/tun]}]\n")
+    await until(lambda: not kvm.exists() and not tun.exists(), "specs removed")
+    assert (
+        s.sample("ate_devplugin_cdi_spec_updates_total", resource_name="ate.dev/tun", action="remove", result="success")
+        == 1
+    )
+
+    s.config.write_text(CDI_KVM_AND_TUN)
+    await until(lambda: kvm.exists() and tun.exists(), "specs written again")
+    s.daemon.request_stop("SIGTERM")
+    await asyncio.wait_for(task, 5)
+    assert sorted(os.listdir(tmp_path / "cdi")) == []  # removed on a clean stop
+
+
+async def test_without_cdi_no_spec_is_written_unless_asked_for_every_resource(tmp_path: Path) -> None:
+    s = Setup(tmp_path, KVM_ONLY)
+    task = await running(s)
+    s.daemon.request_stop("SIGTERM")
+    await asyncio.wait_for(task, 5)
+    assert not (tmp_path / "cdi").exists()
+
+    (tmp_path / "all").mkdir()
+    s = Setup(tmp_path / "all", KVM_ONLY)
+    s.daemon.write_cdi_for_every_resource()
+    task = await running(s)
+    assert json.loads((tmp_path / "all/cdi/ate.dev-kvm.json").read_text())["kind"] == "ate.dev/kvm"
+    s.daemon.request_stop("SIGTERM")
+    await asyncio.wait_for(task, 5)
+    assert not (tmp_path / "all/cdi/ate.dev-kvm.json").exists()

@@ -23,7 +23,7 @@ from ate_devplugin.dra_plugin import DraPlugin
 from ate_devplugin.dra_service import ClaimRef
 from ate_devplugin.metrics import DraMetrics
 from ate_devplugin.settings import DRA_DRIVER, Settings, resolve
-from tests.unit.dra_fakes import FakeApi, FakeCdi, cdi_id
+from tests.unit.dra_fakes import FakeApi, cdi_id
 from tests.unit.fakes import until
 
 NODE = "node-a"
@@ -49,9 +49,8 @@ class Rig:
     def __init__(self, tmp_path: Path, **flags: str) -> None:
         self.settings = dra_settings(tmp_path, **flags)
         self.api = FakeApi()
-        self.cdi = FakeCdi()
         self.registry = CollectorRegistry()
-        self.plugin = DraPlugin(self.settings, self.api, self.cdi, cdi_id, DraMetrics(self.registry), NoOpTracer())
+        self.plugin = DraPlugin(self.settings, self.api, cdi_id, DraMetrics(self.registry), NoOpTracer())
 
     def sample(self, name: str, **labels: str) -> float | None:
         return self.registry.get_sample_value(name, labels)
@@ -163,7 +162,6 @@ async def test_slices_carry_the_slots_the_owner_and_the_pool(rig: Rig) -> None:
     )
     assert [d["name"] for d in spec["devices"]] == [f"ate-dev-kvm-{i}" for i in range(4)]
     assert spec["devices"][0]["attributes"] == {"resource": {"string": "ate.dev/kvm"}}
-    assert rig.cdi.written == {"ate.dev/kvm": PRESENT[KVM.name].nodes}
     assert rig.sample("ate_devplugin_dra_slice_devices", resource_name="ate.dev/kvm") == 4
     assert rig.sample("ate_devplugin_dra_slices_in_sync") == 1
 
@@ -201,12 +199,11 @@ async def test_many_slots_take_several_slices_and_failed_writes_are_retried(tmp_
         await rig.plugin.stop(2.0)
 
 
-async def test_stop_removes_sockets_slices_and_cdi_specs(rig: Rig) -> None:
+async def test_stop_removes_sockets_and_slices(rig: Rig) -> None:
     await rig.plugin.stop(2.0)
     assert not os.path.exists(rig.settings.registration_socket)
     assert not os.path.exists(rig.settings.dra_socket)
     assert rig.api.slices == {}
-    assert rig.cdi.removed_all
     assert rig.api.closed
 
 
@@ -261,3 +258,16 @@ def test_dra_settings_default_to_the_kubelet_paths() -> None:
     assert (both.device_plugin, both.dra, both.node_name, both.dra_slots) == (True, True, "m", 32)
     assert both.registration_socket == "/var/lib/kubelet/plugins_registry/ate.dev-reg.sock"
     assert both.dra_socket == "/var/lib/kubelet/plugins/ate.dev/dra.sock"
+
+
+def test_device_plugin_mode_loads_no_kubernetes_client() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, ate_devplugin.cli, ate_devplugin.daemon;"
+        "print(sorted(m for m in sys.modules"
+        " if m.startswith(('lightkube', 'ate_devplugin.dra', 'ate_devplugin.kube'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]"

@@ -1,6 +1,7 @@
 """The DevicePlugin service over a real unix socket, driven by a gRPC client (no kubelet)."""
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -188,3 +189,44 @@ async def test_list_and_watch_sends_full_set_on_connect_and_on_change(plugin: Pl
     assert await stream.read() is grpc.aio.EOF  # type: ignore[attr-defined]  # missing from grpc-stubs
     assert await stream.code() == grpc.StatusCode.OK
     assert plugin.count("ate_devplugin_list_and_watch_updates_total") == 3
+
+
+@pytest.mark.parametrize("allocate_with", ["cdi", "both"])
+async def test_allocate_names_the_cdi_device_when_the_resource_uses_cdi(tmp_path: Path, allocate_with: str) -> None:
+    """'cdi': only the name (the runtime applies the spec: nodes, mounts, env); 'both': the
+    device specs too, so a runtime without CDI still gets the nodes."""
+    state = ResourceState(replace(RESOURCE, allocate=allocate_with))
+    state.update(PRESENT)
+    metrics = Metrics(CollectorRegistry())
+    server = PluginServer(
+        str(tmp_path / "p.sock"), DevicePluginServicer(state, metrics, NoOpTracerProvider().get_tracer("t"))
+    )
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{tmp_path}/p.sock") as channel:
+            stub = api_pb2_grpc.DevicePluginStub(channel)  # type: ignore[no-untyped-call]
+            response = await stub.Allocate(
+                pb.AllocateRequest(
+                    container_requests=[
+                        pb.ContainerAllocateRequest(devices_ids=["kvm-0"]),
+                        pb.ContainerAllocateRequest(devices_ids=["kvm-1"]),
+                    ]
+                )
+            )
+    finally:
+        state.close()
+        await server.stop(0)
+    assert len(response.container_responses) == 2
+    for container in response.container_responses:
+        assert [d.name for d in container.cdi_devices] == ["ate.dev/kvm=kvm"]
+        if allocate_with == "cdi":
+            assert (list(container.devices), list(container.mounts), dict(container.envs)) == ([], [], {})
+        else:
+            assert [d.host_path for d in container.devices] == ["/dev/kvm"]
+            assert [m.container_path for m in container.mounts] == ["/etc/ate"]
+            assert dict(container.envs) == {"ATE": "1"}
+
+
+async def test_allocate_with_device_specs_names_no_cdi_device(plugin: Plugin) -> None:
+    (container,) = (await plugin.stub.Allocate(allocate("kvm-0"))).container_responses
+    assert list(container.cdi_devices) == []
