@@ -300,7 +300,7 @@ class Daemon:
 
     def _rewatch(self) -> None:
         assert self._watcher is not None
-        dirs = {nearest_existing(self.settings.plugin_dir)}
+        dirs = {nearest_existing(self.settings.plugin_dir)} if self.settings.device_plugin else set()
         if self.settings.config:
             dirs.add(nearest_existing(str(self.settings.config.parent)))
         for resource in self.resources:
