@@ -255,3 +255,17 @@ as checkov.io/skipN annotations (see chart/README.md "Security").
 {{- define "ate-devplugin.dra" -}}
 {{- if ne .Values.dra.mode "device-plugin" -}}true{{- end -}}
 {{- end -}}
+
+{{/*
+"true" when the daemon writes CDI specs: a resource answers Allocate with its CDI device
+name, cdi.mount says so, or the daemon is a DRA driver (an existingConfigMap's resources are not seen here).
+*/}}
+{{- define "ate-devplugin.usesCdi" -}}
+{{- $uses := or .Values.cdi.mount (include "ate-devplugin.dra" .) -}}
+{{- range .Values.deviceConfig.resources -}}
+{{- if and (hasKey . "allocate") (ne .allocate "devices") -}}
+{{- $uses = true -}}
+{{- end -}}
+{{- end -}}
+{{- if $uses -}}true{{- end -}}
+{{- end -}}

@@ -11,7 +11,7 @@ rules come from the daemon's model (_deviceconfig.tpl, generated).
 {{- end -}}
 {{- end -}}
 {{- range .Values.daemon.extraArgs -}}
-{{- if regexMatch "^--(config|device-root|plugin-dir|metrics-address|log-format|log-level)(=|$)" . -}}
+{{- if regexMatch "^--(config|device-root|plugin-dir|metrics-address|log-format|log-level|cdi-dir)(=|$)" . -}}
 {{- fail (printf "daemon.extraArgs: %q is set by the chart; use the matching value instead (deviceConfig, hostPaths, metrics, daemon.logFormat, daemon.logLevel)" .) -}}
 {{- end -}}
 {{- end -}}

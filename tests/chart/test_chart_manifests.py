@@ -117,15 +117,25 @@ def test_daemonset_security(helm: Helm, ci_values: Path) -> None:
     assert pod["automountServiceAccountToken"] is (mode != "device-plugin")
     assert not c.get("ports", [{}])[0].get("hostPort")
 
-    # The socket directory (rw) and /dev (ro, as the device root); the DRA driver's two directories.
+    # The socket directory (rw) and /dev (ro, as the device root); the CDI spec directory
+    # (rw) when a resource answers with CDI or the daemon is a DRA driver; the DRA driver's
+    # two directories.
     host_paths = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
+    values = yaml.safe_load(ci_values.read_text()) or {}
+    resources = values.get("deviceConfig", {}).get("resources", [])
+    uses_cdi = (
+        values.get("cdi", {}).get("mount")
+        or any(r.get("allocate", "devices") != "devices" for r in resources)
+        or mode != "device-plugin"
+    )
     dra_paths = {"dra-registry", "dra-plugin"}
     if mode != "device-plugin":
         assert {n: host_paths.pop(n)["path"] for n in dra_paths} == {
             "dra-registry": "/var/lib/kubelet/plugins_registry",
             "dra-plugin": "/var/lib/kubelet/plugins/ate.dev",
         }
-    assert set(host_paths) == ({"host-dev"} if mode == "dra" else {"device-plugins", "host-dev"})
+    expected = {"host-dev"} if mode == "dra" else {"device-plugins", "host-dev"}
+    assert set(host_paths) == expected | ({"cdi"} if uses_cdi else set())
     assert host_paths["host-dev"]["path"] == "/dev"
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     assert mounts["host-dev"]["mountPath"] == "/host/dev"
@@ -139,6 +149,12 @@ def test_daemonset_security(helm: Helm, ci_values: Path) -> None:
     assert c["args"][0] == "run"
     assert "--device-root=/host/dev" in c["args"]
     assert "--config=/etc/ate-devplugin/config.yaml" in c["args"]
+    cdi_dir = values.get("hostPaths", {}).get("cdi", "/var/run/cdi")
+    assert f"--cdi-dir={cdi_dir}" in c["args"]
+    if uses_cdi:
+        assert host_paths["cdi"] == {"path": cdi_dir, "type": "DirectoryOrCreate"}
+        assert mounts["cdi"]["mountPath"] == cdi_dir
+        assert not mounts["cdi"].get("readOnly")
 
     strategy = ds["spec"]["updateStrategy"]
     if strategy["type"] == "RollingUpdate":
@@ -167,6 +183,26 @@ def test_daemonset_defaults(any_helm: Helm) -> None:
     assert c["ports"] == [{"name": "metrics", "containerPort": 9477, "protocol": "TCP"}]
     assert "--metrics-address=0.0.0.0:9477" in c["args"]
     assert c["image"] == "ate-devplugin:0.1.0"
+
+
+def test_the_cdi_directory_is_mounted_only_when_cdi_is_used(
+    any_helm: Helm, write_values: Callable[[str], Path]
+) -> None:
+    def cdi_volumes(text: str) -> list[Manifest]:
+        pod = one(any_helm.template([write_values(text)]), "DaemonSet")["spec"]["template"]["spec"]
+        return [v for v in pod["volumes"] if v["name"] == "cdi"]
+
+    devices_only = "deviceConfig: {resources: [{name: ate.dev/kvm, devices: [/dev/kvm], allocate: devices}]}"
+    assert cdi_volumes(devices_only) == []
+    assert cdi_volumes("{}") == []
+    both = (
+        "deviceConfig: {resources: [{name: ate.dev/kvm, devices: [/dev/kvm]},"
+        " {name: a.b/c, devices: [/dev/c], allocate: both}]}"
+    )
+    assert [v["hostPath"]["path"] for v in cdi_volumes(both)] == ["/var/run/cdi"]
+    # An existingConfigMap's resources are not seen by the chart: cdi.mount says it.
+    existing = "deviceConfig: {existingConfigMap: mine}\ncdi: {mount: true}"
+    assert [v["hostPath"]["type"] for v in cdi_volumes(existing)] == ["DirectoryOrCreate"]
 
 
 def test_downward_api_and_otel_env(helm: Helm, ci_values: Path) -> None:

@@ -14,7 +14,13 @@ Two things of this kind of host are handled here, both found bringing the node u
 * the host runs cgroup v1: kubelet 1.35 refuses it unless ``failCgroupV1: false``.
 
 The pods' cgroups go under a cgroup root of this cluster's own (``/ate-e2e-<pid>`` in
-every v1 hierarchy), removed by :meth:`Cluster.close`, so two runs never share one.
+every v1 hierarchy, ``/ate-e2e-<pid>-<runtime>`` for a second runtime), removed by
+:meth:`Cluster.close`, so two runs, or two clusters of one run, never share one.
+
+Two container runtimes (``Cluster(runtime=...)``): Debian's containerd 1.6 (the default,
+as the user's node most likely has), or containerd 2 built by tools/build-containerd.sh,
+the one with CDI: it resolves CDI device names against the specs in the sandbox's
+``/var/run/cdi``. Both run pods with Debian's runc.
 """
 
 from __future__ import annotations
@@ -44,6 +50,14 @@ PAUSE_IMAGE = "localhost/pause:e2e"
 CNI_BIN_DIR = "/usr/lib/cni"
 CGROUP_FS = Path("/sys/fs/cgroup")
 CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+# The container runtimes a cluster can run.
+DEBIAN_CONTAINERD = "containerd"  # Debian's containerd 1.6, on PATH: no CDI
+CONTAINERD2 = "containerd2"  # containerd 2 from build/containerd2: CDI
+RUNTIMES = (DEBIAN_CONTAINERD, CONTAINERD2)
+CONTAINERD2_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr")
+# Where containerd 2 reads CDI specs: only the sandbox's /var/run/cdi (a tmpfs over /run),
+# not the host's /etc/cdi, so nothing of the host's reaches the cluster.
+CDI_SPEC_DIR = "/var/run/cdi"
 
 
 class ClusterError(RuntimeError):
@@ -77,16 +91,31 @@ def lacks_cap_sys_resource() -> bool:
 class Cluster:
     """The node and its control plane; :meth:`up` starts them, :meth:`close` ends them."""
 
-    def __init__(self, sandbox: Sandbox, workdir: Path, k8s_bin: Path, images: Sequence[Path]) -> None:
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        workdir: Path,
+        k8s_bin: Path,
+        images: Sequence[Path],
+        runtime: str = DEBIAN_CONTAINERD,
+        containerd2_bin: Path | None = None,
+    ) -> None:
+        if runtime not in RUNTIMES or (runtime == CONTAINERD2) != (containerd2_bin is not None):
+            raise ValueError(f"runtime {runtime!r} (one of {RUNTIMES}; {CONTAINERD2} with its binaries' directory)")
         self.sandbox = sandbox
         self.dir = workdir
         self.bin = k8s_bin
         self.images = list(images)
+        self.runtime = runtime
+        self.containerd2_bin = containerd2_bin
         self.pki = workdir / "pki"
         self.kubeconfig = self.pki / "admin.kubeconfig"
         self.containerd_sock = "/run/containerd/containerd.sock"
-        self.cgroup_root = f"/ate-e2e-{os.getpid()}"
-        self.device_ownership = True
+        suffix = "" if runtime == DEBIAN_CONTAINERD else f"-{runtime}"
+        self.cgroup_root = f"/ate-e2e-{os.getpid()}{suffix}"
+        # Device nodes owned by the pod's user: on for containerd 1.6, the setting the
+        # user's path needs there; off for containerd 2, where a CDI spec gives the mode.
+        self.device_ownership = runtime == DEBIAN_CONTAINERD
         self.containerd: Process | None = None
         self.kubelet: Process | None = None
         self.env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PATH": f"{k8s_bin}:{os.environ['PATH']}"}
@@ -174,6 +203,8 @@ class Cluster:
         (self.dir / "cni" / "net.d" / "10-e2e-bridge.conflist").write_text(json.dumps(conflist))
 
     def _containerd_config(self) -> Path:
+        if self.runtime == CONTAINERD2:
+            return self._containerd2_config()
         path = self.dir / "containerd" / "config.toml"
         d = self.dir / "containerd"
         path.write_text(f"""version = 2
@@ -204,8 +235,60 @@ state = "/run/containerd/state"
 """)
         return path
 
+    def _containerd2_config(self) -> Path:
+        """Config version 3 (containerd 2 migrates it to its current one at start). CDI is
+        always on in 2.x; only where the specs are is said."""
+        path = self.dir / "containerd" / "config.toml"
+        d = self.dir / "containerd"
+        path.write_text(f"""version = 3
+root = "{d}/root"
+state = "/run/containerd/state"
+[grpc]
+  address = "{self.containerd_sock}"
+[ttrpc]
+  address = "{self.containerd_sock}.ttrpc"
+[plugins.'io.containerd.internal.v1.opt']
+  path = "{d}/opt"
+# On by default in 2.x; it would listen on /var/run/nri/nri.sock, which nothing here uses.
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "{PAUSE_IMAGE}"
+[plugins.'io.containerd.cri.v1.runtime']
+  cdi_spec_dirs = ['{CDI_SPEC_DIR}']
+  device_ownership_from_security_context = {str(self.device_ownership).lower()}
+  restrict_oom_score_adj = {str(lacks_cap_sys_resource()).lower()}
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = "runc"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        BinaryName = "{shutil.which("runc") or "/usr/sbin/runc"}"
+        SystemdCgroup = false
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["{CNI_BIN_DIR}"]
+    conf_dir = "{self.dir}/cni/net.d"
+""")
+        return path
+
+    def _containerd_binary(self, name: str) -> str:
+        return name if self.containerd2_bin is None else str(self.containerd2_bin / name)
+
     def start_containerd(self) -> None:
-        self.containerd = self.sandbox.spawn("containerd", ["containerd", "--config", str(self._containerd_config())])
+        # containerd finds its shim on PATH: containerd 2's own before Debian's.
+        env = (
+            None
+            if self.containerd2_bin is None
+            else {**os.environ, "PATH": f"{self.containerd2_bin}:{os.environ['PATH']}"}
+        )
+        self.containerd = self.sandbox.spawn(
+            "containerd", [self._containerd_binary("containerd"), "--config", str(self._containerd_config())], env=env
+        )
         wait_until("containerd", lambda: self.ctr("version", check=False).returncode == 0, 60)
 
     def restart_containerd(self, device_ownership: bool) -> None:
@@ -218,8 +301,8 @@ state = "/run/containerd/state"
         self.start_containerd()
 
     def ctr(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return self.sandbox.run(["ctr", "--address", self.containerd_sock, "-n", "k8s.io", *args],
-                                check=check, timeout=timeout)  # fmt: skip
+        argv = [self._containerd_binary("ctr"), "--address", self.containerd_sock, "-n", "k8s.io", *args]
+        return self.sandbox.run(argv, check=check, timeout=timeout)
 
     def _control_plane(self) -> None:
         pki = self.pki
@@ -379,7 +462,7 @@ state = "/run/containerd/state"
         """Cgroups of a run that was killed (SIGKILL leaves no time to clean up): its
         processes died with its sandbox, its empty cgroups stay until removed here."""
         for top in {p.name for h in cls._hierarchies() for p in h.glob("ate-e2e-*")}:
-            pid = top.removeprefix("ate-e2e-")
+            pid = top.removeprefix("ate-e2e-").split("-")[0]
             if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
                 cls.remove_cgroup_tree(f"/{top}", timeout=10)
 

@@ -1,6 +1,8 @@
 """Fixtures of the end-to-end suite: a real one-node cluster, and the user's helm.
 
-``cluster`` (session) builds the two images into archives (the project's image comes from
+``cluster`` runs Debian's containerd 1.6; ``cluster_containerd2`` (with its helm,
+``helm_containerd2``) is a second cluster on containerd 2 (CDI), booted only when a test
+asks for it. Each (session) builds the two images into archives (the project's image comes from
 the session's ``image`` fixture, shared with tests/image), starts a :class:`Sandbox` and
 the :class:`Cluster` in it, and ends both in every outcome: on failure, on Ctrl-C (pytest
 runs fixture finalizers) and, through PR_SET_PDEATHSIG, even when the test process is
@@ -10,12 +12,14 @@ bridge in the host's network namespace, no process of the cluster left, no cgrou
 
 Needs root, util-linux (unshare, nsenter), /dev/kvm, Debian's containerd, runc,
 etcd-server and containernetworking-plugins (tools/setup.sh test installs them), the
-Kubernetes binaries (tools/build-k8s.sh) and helm v3 and v4 (tools/build-helm.sh). What is
+Kubernetes binaries (tools/build-k8s.sh), helm v3 and v4 (tools/build-helm.sh) and, for
+the second cluster, containerd 2 (tools/build-containerd.sh). What is
 missing skips the suite, or fails it when ``CI=true`` or ``E2E_REQUIRED=1``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -24,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.cluster import BRIDGE, CNI_BIN_DIR, Cluster
+from tests.e2e.cluster import BRIDGE, CNI_BIN_DIR, CONTAINERD2, CONTAINERD2_BINARIES, DEBIAN_CONTAINERD, Cluster
 from tests.e2e.images import save_pause_image, save_plugin_image
 from tests.e2e.sandbox import Sandbox, children
 from tests.e2e.userpath import Helm
@@ -34,7 +38,7 @@ from tests.harness.require import in_ci
 
 REPO = Path(__file__).resolve().parents[2]
 K8S_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl", "pause")
-HOST_PATHS = ("/var/lib/kubelet", "/run/containerd", "/var/log/containers", "/var/log/pods")
+HOST_PATHS = ("/var/lib/kubelet", "/run/containerd", "/var/log/containers", "/var/log/pods", "/run/cdi", "/etc/cdi")
 
 
 def k8s_bin_dir() -> Path:
@@ -42,11 +46,16 @@ def k8s_bin_dir() -> Path:
     return Path(env) if env else REPO / "build" / "k8s"
 
 
+def containerd2_bin_dir() -> Path:
+    env = os.environ.get("CONTAINERD2_BIN_DIR")
+    return Path(env) if env else REPO / "build" / "containerd2"
+
+
 def required() -> bool:
     return in_ci() or os.environ.get("E2E_REQUIRED") == "1"
 
 
-def missing_prerequisite() -> str | None:
+def missing_prerequisite(runtime: str = DEBIAN_CONTAINERD) -> str | None:
     if os.geteuid() != 0:
         return "the e2e cluster needs root (namespaces, mounts, containerd)"
     if not os.path.exists("/dev/kvm"):
@@ -66,6 +75,10 @@ def missing_prerequisite() -> str | None:
     for major in ("v3", "v4"):
         if helm_path(major) is None:
             return f"helm {major} not built: run tools/build-helm.sh"
+    if runtime == CONTAINERD2:
+        for name in CONTAINERD2_BINARIES:
+            if not os.access(containerd2_bin_dir() / name, os.X_OK):
+                return f"{containerd2_bin_dir() / name} not built: run tools/build-containerd.sh"
     return None
 
 
@@ -77,19 +90,33 @@ def host_state() -> dict[str, bool]:
 
 @pytest.fixture(scope="session")
 def cluster(image: BuiltImage, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    why = missing_prerequisite()
+    with booted(DEBIAN_CONTAINERD, image, tmp_path_factory) as node:
+        yield node
+
+
+@pytest.fixture(scope="session")
+def cluster_containerd2(image: BuiltImage, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The same one-node cluster on containerd 2: CDI specs in its /var/run/cdi are used."""
+    with booted(CONTAINERD2, image, tmp_path_factory) as node:
+        yield node
+
+
+@contextlib.contextmanager
+def booted(runtime: str, image: BuiltImage, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    why = missing_prerequisite(runtime)
     if why:
         if required():
             pytest.fail(f"{why} (CI=true or E2E_REQUIRED=1)")
         pytest.skip(why)
     before = host_state()
-    workdir = tmp_path_factory.mktemp("e2e")
+    workdir = tmp_path_factory.mktemp(f"e2e-{runtime}")
     images = [
         save_plugin_image(image.name, workdir / "ate-devplugin.tar"),
         save_pause_image(k8s_bin_dir() / "pause", workdir / "pause.tar"),
     ]
     sandbox = Sandbox(workdir / "logs")
-    node = Cluster(sandbox, workdir, k8s_bin_dir(), images)
+    containerd2 = containerd2_bin_dir() if runtime == CONTAINERD2 else None
+    node = Cluster(sandbox, workdir, k8s_bin_dir(), images, runtime, containerd2)
     try:
         sandbox.start()
         node.up()
@@ -123,3 +150,9 @@ def helm(cluster: Cluster) -> Helm:
 @pytest.fixture(scope="session")
 def helm_v4(cluster: Cluster) -> Helm:
     return make_helm("v4", cluster)
+
+
+@pytest.fixture(scope="session")
+def helm_containerd2(cluster_containerd2: Cluster) -> Helm:
+    """helm v3 on the containerd 2 cluster."""
+    return make_helm("v3", cluster_containerd2)

@@ -47,7 +47,9 @@ class DevicePluginDaemon:
         self.device_root = device_root
         self.plugin_dir = plugin_dir
         self.port = free_port()
-        self.env = {**os.environ, **(env or {})}
+        # CDI specs go to the test's own directory, never the host's /var/run/cdi.
+        self.cdi_dir = log_dir / "cdi"
+        self.env = {**os.environ, "ATE_DEVPLUGIN_CDI_DIR": str(self.cdi_dir), **(env or {})}
         self.args = list(args)
         log_dir.mkdir(parents=True, exist_ok=True)
         self.config_path: Path | None = None

@@ -182,3 +182,30 @@ resources:
     remove_device_node(device_root, "net/tun")
     kubelet.wait("ate.dev/vhost", capacity=8, allocatable=0)
     assert kubelet.capacity().of(KVM) == (64, 64)
+
+
+def test_the_kubelet_takes_the_cdi_answer(kubelet: KubeletBench, daemon: MakeDaemon, device_root: Path) -> None:
+    """Allocate's ``cdi_devices`` reaches the kubelet's container options as the CDI name
+    (what it hands the runtime), alone or beside the device specs; the spec file is in place
+    while the daemon runs and gone after it stops."""
+    add_device_node(device_root, "net/tun", "/dev/net/tun")
+    d = daemon(
+        """
+resources:
+  - {name: ate.dev/kvm, devices: [/dev/kvm], allocate: cdi, cdi: {file_mode: "0666"}}
+  - {name: ate.dev/tun, devices: [/dev/net/tun], allocate: both, env: {ATE_TUN: "1"}}
+"""
+    )
+    full(kubelet)
+    full(kubelet, "ate.dev/tun")
+    kvm = kubelet.allocate("pod-a", "vm", {KVM: 1})
+    assert (kvm.cdi_devices, kvm.devices, kvm.mounts, kvm.envs) == (["ate.dev/kvm=kvm"], [], [], {})
+    tun = kubelet.allocate("pod-b", "vm", {"ate.dev/tun": 1})
+    assert tun.cdi_devices == ["ate.dev/tun=tun"]
+    assert tun.devices == [DeviceSpec("/dev/net/tun", "/dev/net/tun", "rw")]
+    assert tun.envs == {"ATE_TUN": "1"}
+    specs = d.cdi_dir
+    assert sorted(p.name for p in specs.iterdir()) == ["ate.dev-kvm.json", "ate.dev-tun.json"]
+    assert '"fileMode": 438' in (specs / "ate.dev-kvm.json").read_text()
+    assert d.stop(signal.SIGTERM) == 0
+    assert list(specs.iterdir()) == []
