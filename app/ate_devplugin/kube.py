@@ -6,7 +6,7 @@ Objects cross this boundary as plain JSON dicts.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any, cast
 
 from lightkube import ApiError, AsyncClient
@@ -19,7 +19,7 @@ from ate_devplugin.config import ConfigError
 from ate_devplugin.dra_service import ClaimNotFoundError
 
 NOT_FOUND = 404
-WATCH_TIMEOUT_S = 300  # the server ends each watch after this long; the publisher lists again
+WATCH_TIMEOUT_S = 300  # the server ends each watch after this long; lightkube resumes it
 
 
 def connect() -> KubeApi:
@@ -59,15 +59,18 @@ class KubeApi:
 
     async def watch_slices(
         self, driver: str, node: str, resource_version: str
-    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        watch = self.client.watch(
+    ) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
+        watch: Any = self.client.watch(
             ResourceSlice,
             fields=_selector(driver, node),
             resource_version=resource_version,
             server_timeout=WATCH_TIMEOUT_S,
         )
-        async for kind, item in watch:
-            yield kind, item.to_dict()
+        try:
+            async for kind, item in watch:
+                yield kind, item.to_dict()
+        finally:
+            await watch.aclose()  # ends the HTTP stream now, not when the loop shuts down
 
     async def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
         created = await self.client.create(_slice(body))
