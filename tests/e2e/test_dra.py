@@ -104,6 +104,29 @@ def installed(cluster_containerd2: Cluster, helm_containerd2: Helm) -> Iterator[
             helm_containerd2.uninstall()
 
 
+def test_kubernetes_1_35_drops_multiple_allocations(cluster_containerd2: Cluster) -> None:
+    """Why the driver publishes slots: with DRAConsumableCapacity off (1.35's default), the
+    API server drops allowMultipleAllocations, so one device could serve one claim only."""
+    probe = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "ate-probe-multiple-allocations"},
+        "spec": {
+            "driver": "probe.ate.dev",
+            "nodeName": NODE,
+            "pool": {"name": NODE, "generation": 0, "resourceSliceCount": 1},
+            "devices": [{"name": "kvm", "allowMultipleAllocations": True}],
+        },
+    }
+    cluster_containerd2.apply(probe)
+    try:
+        stored = cluster_containerd2.get_json("resourceslice", "ate-probe-multiple-allocations")
+        print(f"a device written with allowMultipleAllocations is stored as {stored['spec']['devices']}")
+        assert stored["spec"]["devices"] == [{"name": "kvm"}]
+    finally:
+        cluster_containerd2.kubectl("delete", "resourceslice", "ate-probe-multiple-allocations", check=False)
+
+
 def test_the_node_publishes_its_kvm_slots(cluster_containerd2: Cluster, installed: None) -> None:
     pod = wait_plugin_ready(cluster_containerd2)
     names = wait_until("the node's slices", lambda: slice_devices(cluster_containerd2) or None, 60)
