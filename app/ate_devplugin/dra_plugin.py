@@ -32,7 +32,9 @@ log = logging.getLogger(__name__)
 SOCKET_MODE = 0o600  # only the kubelet (root) calls us
 
 
-class KubeApi(ClaimReader, SliceApi, Protocol):
+class ApiServer(ClaimReader, SliceApi, Protocol):
+    """What the driver asks of the API server (kube.KubeApi on a real one)."""
+
     async def close(self) -> None: ...
 
 
@@ -40,7 +42,7 @@ class DraPlugin:
     def __init__(
         self,
         settings: Settings,
-        api: KubeApi,
+        api: ApiServer,
         cdi_id: Callable[[str], str],
         metrics: DraMetrics,
         tracer: Tracer,

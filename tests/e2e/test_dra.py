@@ -141,6 +141,10 @@ def test_the_node_publishes_its_kvm_slots(cluster_containerd2: Cluster, installe
     values = metrics(cluster_containerd2, pod)
     assert sample(values, "ate_devplugin_dra_registered") == 1
     assert sample(values, "ate_devplugin_dra_slice_devices", resource_name=RESOURCE) == SLOTS
+    # Written once: what the API server stores matches what the driver wants, no rewrite loop.
+    assert sample(values, "ate_devplugin_dra_slice_writes_total", op="create", result="success") == 1
+    assert sample(values, "ate_devplugin_dra_slice_writes_total", op="update", result="success") == 0
+    assert item["spec"]["pool"]["generation"] == 1
     # DRA only: no extended resource on the node.
     assert cluster_containerd2.node_resource("allocatable", RESOURCE) is None
     assert exists_on_node(cluster_containerd2, SPEC_FILE)
