@@ -35,7 +35,7 @@ COPY . /src
 RUN if [ -z "${PIP_CERT}" ]; then unset PIP_CERT; fi \
  && python3 -m venv /opt/ate-devplugin \
  && /opt/ate-devplugin/bin/pip install --no-cache-dir --no-compile \
-        --disable-pip-version-check --only-binary=:all: /src \
+        --disable-pip-version-check --only-binary=:all: '/src[dra]' \
  && /opt/ate-devplugin/bin/pip uninstall --yes --disable-pip-version-check pip setuptools wheel \
  && find /opt/ate-devplugin -name '__pycache__' -type d -prune -exec rm -rf {} + \
  && /opt/ate-devplugin/bin/python -m compileall -q -j 0 --invalidation-mode unchecked-hash /opt/ate-devplugin/lib \

@@ -49,7 +49,7 @@ unit-nonroot: $(NONROOT_VENV)/.installed
 $(NONROOT_VENV)/.installed: pyproject.toml
 	/usr/bin/python3 -m venv $(NONROOT_VENV)
 	$(NONROOT_VENV)/bin/pip install -q --upgrade pip
-	$(NONROOT_VENV)/bin/pip install -q ".[dev]"
+	$(NONROOT_VENV)/bin/pip install -q ".[dev,dra]"
 	chmod -R a+rX $(NONROOT_VENV)
 	touch $@
 

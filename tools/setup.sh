@@ -37,8 +37,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   if [ "$made_policy" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
 fi
 
-# Every Python dependency of the tests, bench and tools is in pyproject's dev extra.
-python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -e ".[dev]"
+# Every Python dependency of the tests, bench and tools is in pyproject's dev extra; the
+# DRA driver's client is in the dra extra.
+python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -e ".[dev,dra]"
 
 tools/build-kubelet-bench.sh
 if [ "$what" = test ]; then

@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from prometheus_client import disable_created_metrics
@@ -26,6 +27,9 @@ from ate_devplugin.logs import setup_logging
 from ate_devplugin.metrics import Metrics
 from ate_devplugin.settings import DEFAULTS, Settings, resolve
 from ate_devplugin.tracing import setup_tracing
+
+if TYPE_CHECKING:
+    from ate_devplugin.kube import KubeApi
 
 log = logging.getLogger("ate_devplugin")
 
@@ -62,6 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log-format", help="auto, json or text (default auto: json unless on a terminal)")
     run.add_argument("--log-level", help="debug, info, warning or error (default info)")
     run.add_argument("--cdi-dir", help=f"where CDI specs are written (default {DEFAULTS['cdi_dir']})")
+    run.add_argument("--mode", help="device-plugin (default), dra, or both")
+    run.add_argument("--node-name", help="this node's name, required with DRA (default: $NODE_NAME)")
+    run.add_argument("--registry-dir", help=f"the kubelet's plugin registry (default {DEFAULTS['registry_dir']})")
+    run.add_argument("--dra-dir", help=f"the DRA driver's socket directory (default {DEFAULTS['dra_dir']})")
+    run.add_argument(
+        "--dra-slots", help=f"claims that can share each resource on a node (default {DEFAULTS['dra_slots']})"
+    )
     check = sub.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("file", type=Path)
     sub.add_parser("version", help="print the version")
@@ -85,6 +96,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = resolve(flags, os.environ)
         resources = settings.load_resources()
+        kube = None
+        if settings.dra:
+            from ate_devplugin.kube import connect  # device-plugin mode loads no Kubernetes client
+
+            kube = connect()
     except ConfigError as exc:
         print(f"ate-devplugin: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -92,14 +108,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The *_created series double the exposition and tell an operator nothing here.
     disable_created_metrics()  # type: ignore[no-untyped-call]  # unannotated in prometheus-client
     try:
-        asyncio.run(serve(settings, resources))
+        asyncio.run(serve(settings, resources, kube))
     except (OSError, AgentDiedError) as exc:
         log.error("cannot run: %s", exc)
         return EXIT_RUNTIME
     return 0
 
 
-async def serve(settings: Settings, resources: tuple[ResourceConfig, ...]) -> None:
+async def serve(settings: Settings, resources: tuple[ResourceConfig, ...], kube: KubeApi | None = None) -> None:
     loop = asyncio.get_running_loop()
     # Hold gRPC's asyncio runtime for the whole run: when its last server goes, gRPC shuts
     # its poller down from inside the loop, blocking it while a write to a peer that
@@ -107,7 +123,14 @@ async def serve(settings: Settings, resources: tuple[ResourceConfig, ...]) -> No
     grpc.aio.init_grpc_aio()  # type: ignore[attr-defined]  # missing from grpc-stubs
     metrics = Metrics(revision=os.environ.get("ATE_DEVPLUGIN_REVISION", "unknown"))
     tracing = setup_tracing()
-    daemon = Daemon(settings, resources, metrics, tracing)
+    dra = None
+    if kube is not None:
+        from ate_devplugin import cdi
+        from ate_devplugin.dra_plugin import DraPlugin
+        from ate_devplugin.metrics import DraMetrics
+
+        dra = DraPlugin(settings, kube, cdi.device_id, DraMetrics(metrics.registry), tracing.tracer)
+    daemon = Daemon(settings, resources, metrics, tracing, dra=dra)
     http = HttpServer(
         settings.metrics_host, settings.metrics_port, metrics.registry, loop, daemon.readiness, daemon.liveness
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from opentelemetry.trace import SpanKind
 
@@ -41,6 +42,9 @@ from ate_devplugin.settings import Settings
 from ate_devplugin.tracing import Tracing
 from ate_devplugin.watcher import FsEvent, Watcher, nearest_existing
 
+if TYPE_CHECKING:  # imported only in DRA mode
+    from ate_devplugin.dra_plugin import DraPlugin
+
 log = logging.getLogger(__name__)
 
 
@@ -70,6 +74,7 @@ class Daemon:
         tracing: Tracing,
         ports: Ports | None = None,
         discover: Callable[[ResourceConfig, str], Discovery] = discover,
+        dra: DraPlugin | None = None,
     ) -> None:
         self.settings = settings
         self.timing = settings.timing
@@ -78,6 +83,7 @@ class Daemon:
         self.tracing = tracing
         self.ports = ports or host_ports(settings, metrics, tracing)
         self._discover = discover
+        self.dra = dra  # the DRA driver, in mode dra or both
         self.agents: dict[str, ResourceAgent] = {}
         self._retiring: set[ResourceAgent] = set()
         self._inbox: list[FsEvent | Event] = []
@@ -95,6 +101,8 @@ class Daemon:
         # CDI specs follow the devices of the resources that answer with CDI names.
         self.cdi = CdiSpecs(settings.cdi_dir, metrics)
         self._cdi_for_all = False
+        if dra is not None:  # the DRA driver answers with CDI names only
+            self.write_cdi_for_every_resource()
 
     def write_cdi_for_every_resource(self) -> None:
         """Keeps a CDI spec for every resource, whatever its ``allocate`` says (a DRA
@@ -111,6 +119,10 @@ class Daemon:
         waiting = [a.name for a in self.agents.values() if a.state.discovery.complete and not a.serving]
         if waiting:
             return False, "not registered with a ListAndWatch stream: " + ", ".join(sorted(waiting))
+        if self.dra is not None:
+            ready, why = self.dra.readiness()
+            if not ready:
+                return False, why
         present = sum(1 for a in self.agents.values() if a.state.discovery.complete)
         return True, f"ok: {present} of {len(self.agents)} resources present and registered"
 
@@ -144,6 +156,8 @@ class Daemon:
         loop = asyncio.get_running_loop()
         self._watcher = Watcher(loop, self.put, lambda e: matters(e, self._quiet_dir))
         self._watcher.start()
+        if self.dra is not None:
+            await self.dra.start()
         for resource in self.resources:
             self._add(resource)
         self._refresh()
@@ -178,6 +192,8 @@ class Daemon:
             router.cancel()
             await asyncio.wait({router}, timeout=0.1)
         stops = {asyncio.ensure_future(a.stop()): a.name for a in [*self.agents.values(), *self._retiring]}
+        if self.dra is not None:
+            stops[asyncio.ensure_future(self.dra.stop(max(0.0, deadline - loop.time() - 0.2)))] = "dra"
         if stops:
             _, pending = await asyncio.wait(stops, timeout=max(0.0, deadline - loop.time()))
             stuck = [stops[s] for s in pending]
@@ -240,6 +256,8 @@ class Daemon:
     # --- agents -------------------------------------------------------------------------
 
     def _add(self, resource: ResourceConfig) -> None:
+        if not self.settings.device_plugin:
+            return  # DRA only: no device plugin agents
         self.metrics.add_resource(resource.name)
         agent = ResourceAgent(
             resource,
@@ -269,14 +287,17 @@ class Daemon:
     def _refresh(self) -> None:
         """Arms watches first, then reads the state, so nothing falls between the two."""
         self._rewatch()
-        for agent in self.agents.values():
-            found = self._discover(agent.config, self.settings.device_root)
-            agent.apply_discovery(found)
-            if self._wants_cdi(agent.config):
-                self.cdi.write(agent.config, found.nodes)
-        wanted = {name for name, agent in self.agents.items() if self._wants_cdi(agent.config)}
+        found = {r.name: self._discover(r, self.settings.device_root) for r in self.resources}
+        for name, agent in self.agents.items():
+            agent.apply_discovery(found[name])
+        wanted = {r.name for r in self.resources if self._wants_cdi(r)}
+        for resource in self.resources:
+            if resource.name in wanted:
+                self.cdi.write(resource, found[resource.name].nodes)
         for name in self.cdi.resources - wanted:  # left the config, or no longer uses CDI
             self.cdi.remove(name)
+        if self.dra is not None:  # after the specs: a published device's CDI name must resolve
+            self.dra.update(self.resources, found)
         self._check_kubelet()
 
     def _rewatch(self) -> None:
@@ -284,13 +305,16 @@ class Daemon:
         dirs: set[str] = set()
         if self.settings.config:
             dirs.add(nearest_existing(str(self.settings.config.parent)))
-        for agent in self.agents.values():
-            dirs |= watch_dirs(agent.config, self.settings.device_root)
-        plugin_dir = self.settings.plugin_dir
-        # Only sockets and directories matter in the plugin directory, unless it is watched
-        # for the config or devices as well.
-        self._quiet_dir = plugin_dir if plugin_dir not in dirs else None
-        self._watcher.watch(dirs | {nearest_existing(plugin_dir)})
+        for resource in self.resources:
+            dirs |= watch_dirs(resource, self.settings.device_root)
+        self._quiet_dir = None
+        if self.settings.device_plugin:
+            plugin_dir = self.settings.plugin_dir
+            # Only sockets and directories matter in the plugin directory, unless it is
+            # watched for the config or devices as well.
+            self._quiet_dir = plugin_dir if plugin_dir not in dirs else None
+            dirs.add(nearest_existing(plugin_dir))
+        self._watcher.watch(dirs)
 
     def _check_kubelet(self) -> None:
         """Notices a new kubelet by its socket's identity: a restart, seen once however told."""

@@ -144,3 +144,59 @@ class Metrics:
     def remove_resource(self, name: str) -> None:
         for metric, labels in self._series(name):
             metric.remove(*labels)
+
+
+# --- DRA driver (mode dra or both) ----------------------------------------------------
+DRA_METHODS = ("NodePrepareResources", "NodeUnprepareResources")
+DRA_CLAIM_RESULTS = ("success", "error")
+DRA_SLICE_OPS = ("create", "update", "delete")
+
+
+class DraMetrics:
+    """The DRA driver's collectors, registered only when DRA is on (device-plugin mode pays nothing)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.claims = Counter(
+            f"{PREFIX}_dra_claims",
+            "Claims handled in NodePrepareResources / NodeUnprepareResources calls, by method and result.",
+            ["method", "result"],
+            registry=r,
+        )
+        self.call_duration = Histogram(
+            f"{PREFIX}_dra_call_duration_seconds",
+            "Time to answer a DRA call from the kubelet, by method.",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.claims_prepared = Gauge(
+            f"{PREFIX}_dra_claims_prepared", "Claims prepared on this node and not yet unprepared.", registry=r
+        )
+        self.registered = Gauge(
+            f"{PREFIX}_dra_registered", "1 once the kubelet accepted the DRA driver's registration.", registry=r
+        )
+        self.slice_devices = Gauge(
+            f"{PREFIX}_dra_slice_devices",
+            "Devices this node publishes in its ResourceSlices, by resource.",
+            ["resource_name"],
+            registry=r,
+        )
+        self.slice_writes = Counter(
+            f"{PREFIX}_dra_slice_writes",
+            "ResourceSlice writes to the API server, by operation and result.",
+            ["op", "result"],
+            registry=r,
+        )
+        self.slices_in_sync = Gauge(
+            f"{PREFIX}_dra_slices_in_sync",
+            "1 while the published ResourceSlices match the node's devices, 0 while a write is failing.",
+            registry=r,
+        )
+        for method in DRA_METHODS:
+            self.call_duration.labels(method)
+            for result in DRA_CLAIM_RESULTS:
+                self.claims.labels(method, result)
+        for op in DRA_SLICE_OPS:
+            for result in ("success", "failure"):
+                self.slice_writes.labels(op, result)

@@ -17,6 +17,10 @@ from ate_devplugin.config import (
 )
 
 ENV_PREFIX = "ATE_DEVPLUGIN_"
+# The DRA driver name: one driver for every configured resource (see docs/dra.md).
+DRA_DRIVER = "ate.dev"
+MODES = ("device-plugin", "dra", "both")
+MAX_DRA_SLOTS = 1024
 DEFAULTS = {
     "config": "",
     "device_root": "/dev",
@@ -25,6 +29,12 @@ DEFAULTS = {
     "log_format": "auto",
     "log_level": "info",
     "cdi_dir": "/var/run/cdi",
+    # --- DRA (mode dra or both) ---
+    "mode": "device-plugin",
+    "node_name": "",  # falls back to NODE_NAME, which the chart sets from the downward API
+    "registry_dir": "/var/lib/kubelet/plugins_registry",
+    "dra_dir": "/var/lib/kubelet/plugins/" + DRA_DRIVER,
+    "dra_slots": "32",
 }
 LOG_FORMATS = ("auto", "json", "text")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -69,6 +79,28 @@ class Settings:
     timing: Timing = field(default_factory=Timing)
     # Where the daemon writes the CDI specs of resources that answer Allocate with CDI names.
     cdi_dir: str = DEFAULTS["cdi_dir"]
+    # --- DRA (mode dra or both) ---
+    mode: str = DEFAULTS["mode"]
+    node_name: str = ""
+    registry_dir: str = DEFAULTS["registry_dir"]
+    dra_dir: str = DEFAULTS["dra_dir"]
+    dra_slots: int = int(DEFAULTS["dra_slots"])
+
+    @property
+    def device_plugin(self) -> bool:
+        return self.mode != "dra"
+
+    @property
+    def dra(self) -> bool:
+        return self.mode != "device-plugin"
+
+    @property
+    def dra_socket(self) -> str:
+        return os.path.join(self.dra_dir, "dra.sock")
+
+    @property
+    def registration_socket(self) -> str:
+        return os.path.join(self.registry_dir, f"{DRA_DRIVER}-reg.sock")
 
     @property
     def kubelet_socket(self) -> str:
@@ -110,6 +142,15 @@ def resolve(flags: Mapping[str, str | None], env: Mapping[str, str]) -> Settings
     if log_level not in LOG_LEVELS:
         raise ConfigError("log_level", f"must be one of {', '.join(LOG_LEVELS)} (got {log_level!r})")
     config = pick("config")
+    mode = pick("mode").lower()
+    if mode not in MODES:
+        raise ConfigError("mode", f"must be one of {', '.join(MODES)} (got {mode!r})")
+    node_name = pick("node_name") or env.get("NODE_NAME", "")
+    if mode != "device-plugin" and not node_name:
+        raise ConfigError("node_name", f"is required in mode {mode}: set NODE_NAME (downward API) or --node-name")
+    slots = pick("dra_slots")
+    if not slots.isdigit() or not 1 <= int(slots) <= MAX_DRA_SLOTS:
+        raise ConfigError("dra_slots", f"must be an integer from 1 to {MAX_DRA_SLOTS} (got {slots!r})")
     return Settings(
         config=Path(config).absolute() if config else None,
         device_root=device_root,
@@ -119,6 +160,11 @@ def resolve(flags: Mapping[str, str | None], env: Mapping[str, str]) -> Settings
         log_format=log_format,
         log_level=log_level,
         cdi_dir=_absolute_dir(pick("cdi_dir"), "cdi_dir"),
+        mode=mode,
+        node_name=node_name,
+        registry_dir=_absolute_dir(pick("registry_dir"), "registry_dir"),
+        dra_dir=_absolute_dir(pick("dra_dir"), "dra_dir"),
+        dra_slots=int(slots),
     )
 
 

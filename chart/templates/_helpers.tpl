@@ -236,6 +236,9 @@ as checkov.io/skipN annotations (see chart/README.md "Security").
 {{- if not (dig "limits" "cpu" "" .Values.resources) -}}
 {{- $skips = append $skips "CKV_K8S_11=No CPU limit by default: Allocate runs on the pod start path and CFS throttling would delay pod admission; the daemon is idle otherwise (set resources.limits.cpu to add one; this skip then disappears)" -}}
 {{- end -}}
+{{- if include "ate-devplugin.dra" . -}}
+{{- $skips = append $skips "CKV_K8S_38=dra.mode is dra or both: the DRA driver publishes this node's ResourceSlices and reads the claims it prepares, with the token of a ServiceAccount bound to exactly those verbs (dra-rbac.yaml)" -}}
+{{- end -}}
 {{- if not .Values.networkPolicy.enabled -}}
 {{- $skips = append $skips "CKV2_K8S_6=networkPolicy.enabled is false: the operator chose to manage network policy for this namespace outside the chart" -}}
 {{- end -}}
@@ -247,11 +250,18 @@ as checkov.io/skipN annotations (see chart/README.md "Security").
 {{- end -}}
 
 {{/*
+"true" when the daemon is a DRA driver (dra.mode dra or both).
+*/}}
+{{- define "ate-devplugin.dra" -}}
+{{- if ne .Values.dra.mode "device-plugin" -}}true{{- end -}}
+{{- end -}}
+
+{{/*
 "true" when the daemon writes CDI specs: a resource answers Allocate with its CDI device
-name, or cdi.mount says so (an existingConfigMap's resources are not seen here).
+name, cdi.mount says so, or the daemon is a DRA driver (an existingConfigMap's resources are not seen here).
 */}}
 {{- define "ate-devplugin.usesCdi" -}}
-{{- $uses := .Values.cdi.mount -}}
+{{- $uses := or .Values.cdi.mount (include "ate-devplugin.dra" .) -}}
 {{- range .Values.deviceConfig.resources -}}
 {{- if and (hasKey . "allocate") (ne .allocate "devices") -}}
 {{- $uses = true -}}

@@ -15,6 +15,12 @@ rules come from the daemon's model (_deviceconfig.tpl, generated).
 {{- fail (printf "daemon.extraArgs: %q is set by the chart; use the matching value instead (deviceConfig, hostPaths, metrics, daemon.logFormat, daemon.logLevel)" .) -}}
 {{- end -}}
 {{- end -}}
+{{- if and (include "ate-devplugin.dra" .) (semverCompare "<1.34-0" .Capabilities.KubeVersion.Version) -}}
+{{- fail (printf "dra.mode=%s needs Kubernetes 1.34 or later (resource.k8s.io/v1); this cluster is %s" .Values.dra.mode .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- if and (include "ate-devplugin.dra" .) (not (or .Values.serviceAccount.create .Values.serviceAccount.name)) -}}
+{{- fail "dra.mode needs a ServiceAccount to bind its RBAC to: serviceAccount.create=true or serviceAccount.name" -}}
+{{- end -}}
 {{- if and .Values.tracing.enabled (not .Values.tracing.endpoint) -}}
 {{- fail "tracing.enabled=true needs tracing.endpoint, the OTLP collector URL (e.g. http://otel-collector.observability:4317)" -}}
 {{- end -}}

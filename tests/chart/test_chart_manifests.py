@@ -19,6 +19,7 @@ from tests.harness.chart import (
     REPO,
     Helm,
     Manifest,
+    _minor,
     by_kind,
     oldest_supported_k8s,
     one,
@@ -50,6 +51,9 @@ def test_objects_valid_for_kubernetes(
     docs = any_helm.template([ci_values])
     checked = 0
     for doc in docs:
+        if doc["apiVersion"] == "resource.k8s.io/v1" and _minor(version) < (1, 34):
+            checked += 1  # DRA mode needs 1.34 (the chart refuses to render it for older releases)
+            continue
         if doc["apiVersion"].startswith("monitoring.coreos.com/"):
             # Their metadata is still a Kubernetes ObjectMeta: check it on a ConfigMap.
             doc = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": doc["metadata"]}
@@ -108,28 +112,42 @@ def test_daemonset_security(helm: Helm, ci_values: Path) -> None:
     assert pod["hostNetwork"] is False
     assert pod["hostPID"] is False
     assert pod["hostIPC"] is False
-    assert pod["automountServiceAccountToken"] is False
+    mode = (yaml.safe_load(ci_values.read_text()) or {}).get("dra", {}).get("mode", "device-plugin")
+    # Only the DRA driver calls the API server (test_chart_dra.py checks its RBAC).
+    assert pod["automountServiceAccountToken"] is (mode != "device-plugin")
     assert not c.get("ports", [{}])[0].get("hostPort")
 
-    # Two host paths: the socket directory (rw) and /dev (ro, as the device root); and the
-    # CDI spec directory (rw) only when a resource answers with CDI.
+    # The socket directory (rw) and /dev (ro, as the device root); the CDI spec directory
+    # (rw) when a resource answers with CDI or the daemon is a DRA driver; the DRA driver's
+    # two directories.
     host_paths = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
     values = yaml.safe_load(ci_values.read_text()) or {}
     resources = values.get("deviceConfig", {}).get("resources", [])
-    uses_cdi = values.get("cdi", {}).get("mount") or any(r.get("allocate", "devices") != "devices" for r in resources)
-    assert set(host_paths) == {"device-plugins", "host-dev"} | ({"cdi"} if uses_cdi else set())
+    uses_cdi = (
+        values.get("cdi", {}).get("mount")
+        or any(r.get("allocate", "devices") != "devices" for r in resources)
+        or mode != "device-plugin"
+    )
+    dra_paths = {"dra-registry", "dra-plugin"}
+    if mode != "device-plugin":
+        assert {n: host_paths.pop(n)["path"] for n in dra_paths} == {
+            "dra-registry": "/var/lib/kubelet/plugins_registry",
+            "dra-plugin": "/var/lib/kubelet/plugins/ate.dev",
+        }
+    expected = {"host-dev"} if mode == "dra" else {"device-plugins", "host-dev"}
+    assert set(host_paths) == expected | ({"cdi"} if uses_cdi else set())
     assert host_paths["host-dev"]["path"] == "/dev"
-    assert host_paths["device-plugins"]["path"].endswith("/device-plugins")
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     assert mounts["host-dev"]["mountPath"] == "/host/dev"
     assert mounts["host-dev"]["readOnly"] is True
-    assert not mounts["device-plugins"].get("readOnly")
-    assert mounts["device-plugins"]["mountPath"] == host_paths["device-plugins"]["path"]
+    if mode != "dra":
+        assert host_paths["device-plugins"]["path"].endswith("/device-plugins")
+        assert not mounts["device-plugins"].get("readOnly")
+        assert mounts["device-plugins"]["mountPath"] == host_paths["device-plugins"]["path"]
     assert mounts["config"]["readOnly"] is True
     assert "subPath" not in mounts["config"], "a subPath mount never sees ConfigMap updates"
     assert c["args"][0] == "run"
     assert "--device-root=/host/dev" in c["args"]
-    assert f"--plugin-dir={host_paths['device-plugins']['path']}" in c["args"]
     assert "--config=/etc/ate-devplugin/config.yaml" in c["args"]
     cdi_dir = values.get("hostPaths", {}).get("cdi", "/var/run/cdi")
     assert f"--cdi-dir={cdi_dir}" in c["args"]
@@ -271,6 +289,8 @@ def _expected_skips(values: dict[str, Any]) -> set[str]:
         skips.add("CKV_K8S_11")
     if values.get("networkPolicy", {}).get("enabled") is False:
         skips |= SKIPPED_WITHOUT_NETWORK_POLICY
+    if values.get("dra", {}).get("mode", "device-plugin") != "device-plugin":
+        skips.add("CKV_K8S_38")  # the DRA driver's token
     return skips
 
 

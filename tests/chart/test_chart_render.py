@@ -37,6 +37,10 @@ def test_lint_strict_ci_values(helm: Helm, ci_values: Path) -> None:
     assert "[ERROR]" not in out.stdout
 
 
+# The DRA driver's RBAC and DeviceClasses (dra.mode dra or both).
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "DeviceClass"}
+
+
 def test_template_ci_values(helm: Helm, ci_values: Path) -> None:
     docs = helm.template([ci_values])
     kinds = [d["kind"] for d in docs]
@@ -44,6 +48,9 @@ def test_template_ci_values(helm: Helm, ci_values: Path) -> None:
     for doc in docs:
         assert doc["apiVersion"], doc
         assert doc["metadata"]["name"], doc
+        if doc["kind"] in CLUSTER_SCOPED:
+            assert "namespace" not in doc["metadata"], doc
+            continue
         assert doc["metadata"].get("namespace"), f"{doc['kind']} {doc['metadata']['name']} has no namespace"
 
 
@@ -93,7 +100,9 @@ def test_names_and_labels_within_limits(helm: Helm, ci_values: Path) -> None:
     for doc in docs:
         name = doc["metadata"]["name"]
         assert len(name) <= 63, f"{doc['kind']} name {name!r} is longer than 63"
-        assert DNS_LABEL.match(name), f"{doc['kind']} name {name!r} is not a DNS label"
+        # A DeviceClass is named after its resource: a DNS subdomain.
+        parts = name.split(".") if doc["kind"] == "DeviceClass" else [name]
+        assert all(DNS_LABEL.match(p) for p in parts), f"{doc['kind']} name {name!r} is not a DNS label"
         for key, value in doc["metadata"].get("labels", {}).items():
             assert len(str(value)) <= 63, f"label {key}={value!r} is longer than 63"
             assert LABEL_VALUE.match(str(value)), f"label {key}={value!r} is not a valid label value"

@@ -45,7 +45,8 @@ NODE_IP = "10.88.0.1"  # on the sandbox's bridge: the kubelet's node IP
 POD_CIDR = "10.88.0.0/16"
 SERVICE_CIDR = "10.96.0.0/24"
 BRIDGE = "cni-e2e0"
-API = "https://127.0.0.1:6443"
+API_PORT_ON_BRIDGE = 6443
+API = f"https://127.0.0.1:{API_PORT_ON_BRIDGE}"
 PAUSE_IMAGE = "localhost/pause:e2e"
 CNI_BIN_DIR = "/usr/lib/cni"
 CGROUP_FS = Path("/sys/fs/cgroup")
@@ -314,7 +315,9 @@ state = "/run/containerd/state"
         ])  # fmt: skip
         self.sandbox.spawn("kube-apiserver", [
             str(self.bin / "kube-apiserver"), "--etcd-servers=http://127.0.0.1:2379",
-            "--bind-address=127.0.0.1", "--secure-port=6443", f"--advertise-address={NODE_IP}",
+            # All addresses of the sandbox's own network namespace: loopback, and the bridge,
+            # where pods that call the API server (the DRA driver) reach it without kube-proxy.
+            "--bind-address=0.0.0.0", f"--secure-port={API_PORT_ON_BRIDGE}", f"--advertise-address={NODE_IP}",
             f"--tls-cert-file={pki}/apiserver.crt", f"--tls-private-key-file={pki}/apiserver.key",
             f"--client-ca-file={pki}/ca.crt",
             f"--kubelet-client-certificate={pki}/apiserver-kubelet-client.crt",

@@ -4,14 +4,17 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-GENERATED = ROOT / "app/ate_devplugin/api/v1beta1"
+GENERATED = ROOT / "app/ate_devplugin/api"
+PACKAGES = ("v1beta1", "pluginregistration", "dra/v1", "dra/v1beta1")
 
 
 def test_generated_code_matches_proto(tmp_path: Path) -> None:
     subprocess.run([str(ROOT / "tools/gen-proto.sh"), str(tmp_path)], check=True, timeout=120)
-    fresh = tmp_path / "ate_devplugin/api/v1beta1"
-    for name in ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py"):
-        assert (fresh / name).read_text() == (GENERATED / name).read_text(), f"{name} drifted: run tools/gen-proto.sh"
+    for package in PACKAGES:
+        fresh = tmp_path / "ate_devplugin/api" / package
+        for name in ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py"):
+            committed = (GENERATED / package / name).read_text()
+            assert (fresh / name).read_text() == committed, f"{package}/{name} drifted: run tools/gen-proto.sh"
 
 
 def test_wire_names_are_the_kubelets() -> None:
@@ -37,3 +40,37 @@ def test_wire_names_are_the_kubelets() -> None:
         "allocation_size": 3,
     }
     assert pb.NUMANode.DESCRIPTOR.fields[0].name == "ID"
+
+
+def test_registration_wire_names_are_the_kubelets() -> None:
+    from ate_devplugin.api.pluginregistration import api_pb2 as pb
+
+    assert pb.DESCRIPTOR.package == "pluginregistration"
+    service = pb.DESCRIPTOR.services_by_name["Registration"]
+    assert [m.name for m in service.methods] == ["GetInfo", "NotifyRegistrationStatus"]
+    assert {f.name: f.number for f in pb.PluginInfo.DESCRIPTOR.fields} == {
+        "type": 1,
+        "name": 2,
+        "endpoint": 3,
+        "supported_versions": 4,
+    }
+    assert {f.name: f.number for f in pb.RegistrationStatus.DESCRIPTOR.fields} == {"plugin_registered": 1, "error": 2}
+
+
+def test_dra_wire_names_are_the_kubelets() -> None:
+    from ate_devplugin.api.dra.v1 import api_pb2 as v1
+    from ate_devplugin.api.dra.v1beta1 import api_pb2 as v1beta1
+
+    for pb, version in ((v1, "v1"), (v1beta1, "v1beta1")):
+        assert pb.DESCRIPTOR.package == f"k8s.io.kubelet.pkg.apis.dra.{version}"
+        service = pb.DESCRIPTOR.services_by_name["DRAPlugin"]
+        assert [m.name for m in service.methods] == ["NodePrepareResources", "NodeUnprepareResources"]
+        assert {f.name: f.number for f in pb.Claim.DESCRIPTOR.fields} == {"namespace": 1, "uid": 2, "name": 3}
+        assert {f.name: f.number for f in pb.NodePrepareResourceResponse.DESCRIPTOR.fields} == {
+            "devices": 1,
+            "error": 2,
+        }
+        assert {f.name: f.number for f in pb.NodeUnprepareResourceResponse.DESCRIPTOR.fields} == {"error": 1}
+    device = {"request_names": 1, "pool_name": 2, "device_name": 3, "cdi_device_ids": 4}
+    assert {f.name: f.number for f in v1beta1.Device.DESCRIPTOR.fields} == device
+    assert {f.name: f.number for f in v1.Device.DESCRIPTOR.fields} == {**device, "share_id": 5}

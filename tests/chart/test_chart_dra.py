@@ -1,0 +1,111 @@
+"""The chart's DRA mode: RBAC with the driver's verbs only, a DeviceClass per resource, the
+token and the plugin directories only when DRA is on, and flags the daemon accepts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness.chart import CHART, Helm, Manifest, by_kind, one
+
+DRA_KINDS = {"ClusterRole", "ClusterRoleBinding", "DeviceClass"}
+
+
+def _container(docs: list[Manifest]) -> Any:
+    [container] = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def test_device_plugin_mode_renders_nothing_of_dra(any_helm: Helm) -> None:
+    docs = any_helm.template()
+    assert not {d["kind"] for d in docs} & DRA_KINDS
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    container = _container(docs)
+    assert not [a for a in container["args"] if a.startswith(("--mode", "--dra", "--registry"))]
+    assert "NODE_NAME" not in {e["name"] for e in container["env"]}
+
+
+@pytest.mark.parametrize("mode", ["dra", "both"])
+def test_dra_mode_grants_the_driver_its_verbs_only(any_helm: Helm, mode: str) -> None:
+    docs = any_helm.template(sets=[f"dra.mode={mode}"])
+    role = one(docs, "ClusterRole")
+    assert role["rules"] == [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+         "verbs": ["get", "list", "watch", "create", "update", "delete"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+    ]  # fmt: skip
+    binding = one(docs, "ClusterRoleBinding")
+    sa = one(docs, "ServiceAccount")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": sa["metadata"]["namespace"]}
+    ]
+    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is True
+    container = _container(docs)
+    assert {
+        "--mode=" + mode,
+        "--registry-dir=/var/lib/kubelet/plugins_registry",
+        "--dra-dir=/var/lib/kubelet/plugins/ate.dev",
+        "--dra-slots=32",
+    } <= set(container["args"])
+    [node] = [e for e in container["env"] if e["name"] == "NODE_NAME"]
+    assert node["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+def test_a_device_class_per_resource(any_helm: Helm, write_values: Callable[[str], Path]) -> None:
+    values = write_values(
+        "dra: {mode: dra}\n"
+        "deviceConfig:\n  resources:\n"
+        "    - {name: ate.dev/kvm, devices: [/dev/kvm]}\n"
+        "    - {name: example.com/Net_Tun, devices: [/dev/net/tun]}\n"
+    )
+    classes = {c["metadata"]["name"]: c["spec"] for c in by_kind(any_helm.template([values]), "DeviceClass")}
+    assert classes == {
+        "kvm.ate.dev": {"selectors": [{"cel": {"expression":
+            'device.driver == "ate.dev" && device.attributes["ate.dev"].resource == "ate.dev/kvm"'}}]},
+        "net-tun.example.com": {"selectors": [{"cel": {"expression":
+            'device.driver == "ate.dev" && device.attributes["ate.dev"].resource == "example.com/Net_Tun"'}}]},
+    }  # fmt: skip
+    assert not by_kind(any_helm.template([values], sets=["dra.deviceClasses=false"]), "DeviceClass")
+
+
+@pytest.mark.parametrize("bad", ["dra.mode=kubelet", "dra.slots=0", "dra.slots=1025", "dra.registryDir=relative"])
+def test_schema_refuses_bad_dra_values(any_helm: Helm, bad: str) -> None:
+    out = any_helm.run("template", "t", str(CHART), "--set", bad)
+    assert out.returncode != 0
+    assert "dra" in out.stderr
+
+
+def test_the_daemon_accepts_the_dra_flags(any_helm: Helm) -> None:
+    args = [a for a in _container(any_helm.template(sets=["dra.mode=both"]))["args"] if a.startswith("--")]
+    dra_args = [a for a in args if a.startswith(("--mode", "--dra", "--registry"))]
+    code = (
+        "import sys; from ate_devplugin.cli import build_parser; from ate_devplugin.settings import resolve;"
+        "a = build_parser().parse_args(['run', *sys.argv[1:]]);"
+        "s = resolve({k: getattr(a, k) for k in ('mode', 'registry_dir', 'dra_dir', 'dra_slots')}, {'NODE_NAME': 'n'});"
+        "print(s.mode, s.registration_socket, s.dra_socket, s.dra_slots)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, *dra_args], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.split() == [
+        "both",
+        "/var/lib/kubelet/plugins_registry/ate.dev-reg.sock",
+        "/var/lib/kubelet/plugins/ate.dev/dra.sock",
+        "32",
+    ]
+
+
+def test_dra_needs_kubernetes_1_34(any_helm: Helm) -> None:
+    out = any_helm.run("template", "t", str(CHART), "--set", "dra.mode=dra", "--kube-version", "1.33.0")
+    assert out.returncode != 0
+    assert "dra.mode=dra needs Kubernetes 1.34 or later" in out.stderr
+    assert any_helm.run("template", "t", str(CHART), "--kube-version", "1.33.0").returncode == 0

@@ -1,0 +1,261 @@
+"""DRA on a real node: the one-node cluster on containerd 2 (CDI), the chart with
+``dra.mode=dra``, and non-root pods that get /dev/kvm through a ResourceClaimTemplate for
+the chart's DeviceClass. The daemon registers through the kubelet's plugin registry,
+publishes the node's slots as ResourceSlices, and answers NodePrepareResources with the
+resource's CDI device, whose spec gives the node mode 0666 in the container.
+
+The tests run in file order and share one release, removed by the uninstall test.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.e2e.cluster import API_PORT_ON_BRIDGE, CDI_SPEC_DIR, NODE, NODE_IP, Cluster, wait_until
+from tests.e2e.userpath import (
+    NAMESPACE,
+    RELEASE,
+    RESOURCE,
+    WORKLOADS,
+    Helm,
+    consumer_pod,
+    ensure_workload_namespace,
+    metrics,
+    plugin_pods,
+    run_consumer,
+    sample,
+    wait_plugin_ready,
+)
+
+KVM_API_VERSION = 12
+DRIVER = "ate.dev"
+DEVICE_CLASS = "kvm.ate.dev"
+SLOTS = 4
+SPEC_FILE = f"{CDI_SPEC_DIR}/ate.dev-kvm.json"
+REGISTRATION_SOCKET = f"/var/lib/kubelet/plugins_registry/{DRIVER}-reg.sock"
+DRA_SOCKET = f"/var/lib/kubelet/plugins/{DRIVER}/dra.sock"
+RESOURCES = [{"name": RESOURCE, "devices": ["/dev/kvm"], "cdi": {"file_mode": "0666"}}]
+# No kube-proxy in this cluster: the daemon reaches the API server on the node's bridge address.
+API_ENV = [
+    {"name": "KUBERNETES_SERVICE_HOST", "value": NODE_IP},
+    {"name": "KUBERNETES_SERVICE_PORT", "value": str(API_PORT_ON_BRIDGE)},
+]
+CLAIM_TEMPLATE = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "ResourceClaimTemplate",
+    "metadata": {"name": "kvm", "namespace": WORKLOADS},
+    "spec": {"spec": {"devices": {"requests": [{"name": "kvm", "exactly": {"deviceClassName": DEVICE_CLASS}}]}}},
+}
+# Opens /dev/kvm, reports, and keeps it open until the pod is deleted.
+HOLD_KVM = r"""
+import fcntl, json, os, sys, time
+fd = os.open("/dev/kvm", os.O_RDWR | os.O_CLOEXEC)
+print(json.dumps({"uid": os.getuid(), "api_version": fcntl.ioctl(fd, 0xAE00)}), flush=True)
+time.sleep(3600)
+"""
+
+
+def claiming(pod: dict[str, Any]) -> dict[str, Any]:
+    """The example pod asking through a claim from the template instead of the extended resource."""
+    pod = copy.deepcopy(pod)
+    pod["spec"]["resourceClaims"] = [{"name": "kvm", "resourceClaimTemplateName": "kvm"}]
+    container = pod["spec"]["containers"][0]
+    container["resources"] = {"claims": [{"name": "kvm"}]}
+    return pod
+
+
+def slices(cluster: Cluster) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = cluster.get_json("resourceslices")["items"]
+    return [s for s in items if s["spec"]["driver"] == DRIVER]
+
+
+def slice_devices(cluster: Cluster) -> list[str]:
+    return sorted(d["name"] for s in slices(cluster) for d in s["spec"].get("devices", []))
+
+
+def exists_on_node(cluster: Cluster, path: str) -> bool:
+    return cluster.sandbox.run(["test", "-e", path], check=False).returncode == 0
+
+
+def plugin_metrics(cluster: Cluster) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return metrics(cluster, wait_plugin_ready(cluster))
+
+
+@pytest.fixture(scope="module")
+def installed(cluster_containerd2: Cluster, helm_containerd2: Helm) -> Iterator[None]:
+    helm_containerd2.install(
+        "--set", "dra.mode=dra", "--set", f"dra.slots={SLOTS}",
+        "--set-json", f"deviceConfig.resources={json.dumps(RESOURCES)}",
+        "--set-json", f"daemon.extraEnv={json.dumps(API_ENV)}",
+    )  # fmt: skip
+    ensure_workload_namespace(cluster_containerd2)
+    cluster_containerd2.apply(CLAIM_TEMPLATE)
+    try:
+        yield
+    finally:
+        if helm_containerd2.run("status", RELEASE, "-n", NAMESPACE, check=False).returncode == 0:
+            helm_containerd2.uninstall()
+
+
+def test_kubernetes_1_35_drops_multiple_allocations(cluster_containerd2: Cluster) -> None:
+    """Why the driver publishes slots: with DRAConsumableCapacity off (1.35's default), the
+    API server drops allowMultipleAllocations, so one device could serve one claim only."""
+    probe = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "ate-probe-multiple-allocations"},
+        "spec": {
+            "driver": "probe.ate.dev",
+            "nodeName": NODE,
+            "pool": {"name": NODE, "generation": 0, "resourceSliceCount": 1},
+            "devices": [{"name": "kvm", "allowMultipleAllocations": True}],
+        },
+    }
+    cluster_containerd2.apply(probe)
+    try:
+        stored = cluster_containerd2.get_json("resourceslice", "ate-probe-multiple-allocations")
+        print(f"a device written with allowMultipleAllocations is stored as {stored['spec']['devices']}")
+        assert stored["spec"]["devices"] == [{"name": "kvm"}]
+    finally:
+        cluster_containerd2.kubectl("delete", "resourceslice", "ate-probe-multiple-allocations", check=False)
+
+
+def test_the_node_publishes_its_kvm_slots(cluster_containerd2: Cluster, installed: None) -> None:
+    pod = wait_plugin_ready(cluster_containerd2)
+    names = wait_until("the node's slices", lambda: slice_devices(cluster_containerd2) or None, 60)
+    print("kubectl get resourceslices:\n" + cluster_containerd2.kubectl("get", "resourceslices", "-o", "wide"))
+    assert names == sorted(f"ate-dev-kvm-{i}" for i in range(SLOTS))
+    [item] = slices(cluster_containerd2)
+    assert item["spec"]["nodeName"] == NODE
+    assert item["spec"]["pool"]["name"] == NODE
+    [owner] = item["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"]) == ("Node", NODE)
+    assert item["spec"]["devices"][0]["attributes"] == {"resource": {"string": RESOURCE}}
+    values = metrics(cluster_containerd2, pod)
+    assert sample(values, "ate_devplugin_dra_registered") == 1
+    assert sample(values, "ate_devplugin_dra_slice_devices", resource_name=RESOURCE) == SLOTS
+    # Written once: what the API server stores matches what the driver wants, no rewrite loop.
+    assert sample(values, "ate_devplugin_dra_slice_writes_total", op="create", result="success") == 1
+    assert sample(values, "ate_devplugin_dra_slice_writes_total", op="update", result="success") == 0
+    assert item["spec"]["pool"]["generation"] == 1
+    # DRA only: no extended resource on the node.
+    assert cluster_containerd2.node_resource("allocatable", RESOURCE) is None
+    assert exists_on_node(cluster_containerd2, SPEC_FILE)
+
+
+def test_a_non_root_pod_opens_kvm_through_a_claim(cluster_containerd2: Cluster, installed: None) -> None:
+    result = run_consumer(cluster_containerd2, claiming(consumer_pod("dra-kvm", request=False)))
+    print(f"non-root pod with a ResourceClaimTemplate for {DEVICE_CLASS}: {result}")
+    assert result["phase"] == "Succeeded", result
+    assert result["uid"] == 10001
+    assert result["cap_eff"] == "0000000000000000"
+    mode, _uid, _gid, major, minor = result["node"]
+    assert (mode, major, minor) == ("crw-rw-rw-", 10, 232)
+    assert result.get("api_version") == KVM_API_VERSION, result
+
+
+def holder(name: str) -> dict[str, Any]:
+    pod = claiming(consumer_pod(name, request=False))
+    pod["metadata"]["name"] = f"{name}-{uuid.uuid4().hex[:6]}"
+    pod["spec"]["containers"][0]["command"] = ["python3", "-c", HOLD_KVM]
+    return pod
+
+
+def holder_report(cluster: Cluster, name: str) -> dict[str, Any] | None:
+    pod = cluster.get_json("pod", "-n", WORKLOADS, name)
+    if pod["status"].get("phase") != "Running":
+        return None
+    logs = cluster.kubectl("logs", "-n", WORKLOADS, name, check=False).strip()
+    return json.loads(logs.splitlines()[-1]) if logs else None
+
+
+def _report(cluster: Cluster, name: str) -> Callable[[], dict[str, Any] | None]:
+    return lambda: holder_report(cluster, name)
+
+
+def test_two_pods_hold_kvm_at_once_and_deleting_them_unprepares(cluster_containerd2: Cluster, installed: None) -> None:
+    before = plugin_metrics(cluster_containerd2)
+    unprepared = sample(before, "ate_devplugin_dra_claims_total", method="NodeUnprepareResources", result="success")
+    pods = [holder("dra-share-a"), holder("dra-share-b")]
+    names = [p["metadata"]["name"] for p in pods]
+    for pod in pods:
+        cluster_containerd2.apply(pod)
+    try:
+        reports = [wait_until(f"{n} holding /dev/kvm", _report(cluster_containerd2, n), 180) for n in names]
+        print(f"two pods holding /dev/kvm at once: {reports}")
+        assert reports == [{"uid": 10001, "api_version": KVM_API_VERSION}] * 2
+        claims = cluster_containerd2.get_json("resourceclaims", "-n", WORKLOADS)["items"]
+        devices = sorted(
+            r["device"]
+            for c in claims
+            if c["metadata"]["annotations"].get("resource.kubernetes.io/pod-claim-name") == "kvm"
+            and any(o["name"] in names for o in c["metadata"].get("ownerReferences", []))
+            for r in c["status"]["allocation"]["devices"]["results"]
+        )
+        print(f"their claims were allocated: {devices}")
+        assert len(set(devices)) == 2
+        assert all(d.startswith("ate-dev-kvm-") for d in devices)
+        assert sample(plugin_metrics(cluster_containerd2), "ate_devplugin_dra_claims_prepared") == 2
+    finally:
+        for name in names:
+            cluster_containerd2.kubectl("delete", "pod", "-n", WORKLOADS, name, "--wait=true", timeout=180)
+
+    def unprepared_both() -> bool:
+        values = plugin_metrics(cluster_containerd2)
+        done = sample(values, "ate_devplugin_dra_claims_total", method="NodeUnprepareResources", result="success")
+        return (done or 0) >= (unprepared or 0) + 2 and sample(values, "ate_devplugin_dra_claims_prepared") == 0
+
+    wait_until("both claims unprepared", unprepared_both, 120)
+
+
+def test_a_kubelet_restart_keeps_it_working(cluster_containerd2: Cluster, installed: None) -> None:
+    created = {s["metadata"]["uid"] for s in slices(cluster_containerd2)}
+    cluster_containerd2.stop_kubelet()
+    cluster_containerd2.start_kubelet()
+    cluster_containerd2.wait_node_ready()
+    # The new kubelet deletes every slice of its node; the driver writes them again.
+    started = time.monotonic()
+    wait_until(
+        "slices written again",
+        lambda: (
+            {s["metadata"]["uid"] for s in slices(cluster_containerd2)} - created
+            and slice_devices(cluster_containerd2) == sorted(f"ate-dev-kvm-{i}" for i in range(SLOTS))
+        ),
+        120,
+    )
+    print(f"slices back {time.monotonic() - started:.1f}s after the kubelet restart")
+    result = run_consumer(cluster_containerd2, claiming(consumer_pod("dra-after-kubelet", request=False)))
+    assert result["phase"] == "Succeeded", result
+    assert result.get("api_version") == KVM_API_VERSION, result
+
+
+def test_a_plugin_restart_keeps_it_working(cluster_containerd2: Cluster, installed: None) -> None:
+    [old] = plugin_pods(cluster_containerd2)
+    cluster_containerd2.kubectl("delete", "pod", "-n", NAMESPACE, old["metadata"]["name"], "--wait=true", timeout=120)
+    new = wait_plugin_ready(cluster_containerd2)
+    assert new["metadata"]["uid"] != old["metadata"]["uid"]
+    wait_until("slices published", lambda: len(slice_devices(cluster_containerd2)) == SLOTS or None, 60)
+    result = run_consumer(cluster_containerd2, claiming(consumer_pod("dra-after-plugin", request=False)))
+    assert result["phase"] == "Succeeded", result
+    assert result.get("api_version") == KVM_API_VERSION, result
+
+
+def test_helm_uninstall_removes_slices_specs_and_sockets(
+    cluster_containerd2: Cluster, helm_containerd2: Helm, installed: None
+) -> None:
+    assert slices(cluster_containerd2)
+    assert exists_on_node(cluster_containerd2, REGISTRATION_SOCKET)
+    assert exists_on_node(cluster_containerd2, DRA_SOCKET)
+    helm_containerd2.uninstall()
+    wait_until("the slices deleted", lambda: not slices(cluster_containerd2), 120)
+    wait_until("the CDI spec removed", lambda: not exists_on_node(cluster_containerd2, SPEC_FILE), 60)
+    assert not exists_on_node(cluster_containerd2, REGISTRATION_SOCKET)
+    assert not exists_on_node(cluster_containerd2, DRA_SOCKET)
+    assert not cluster_containerd2.get_json("deviceclasses")["items"]
