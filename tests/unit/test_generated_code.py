@@ -2,16 +2,19 @@
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-GENERATED = ROOT / "app/ate_devplugin/api/v1beta1"
+GENERATED = ROOT / "app/ate_devplugin/api"
 
 
 def test_generated_code_matches_proto(tmp_path: Path) -> None:
     subprocess.run([str(ROOT / "tools/gen-proto.sh"), str(tmp_path)], check=True, timeout=120)
-    fresh = tmp_path / "ate_devplugin/api/v1beta1"
-    for name in ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py"):
-        assert (fresh / name).read_text() == (GENERATED / name).read_text(), f"{name} drifted: run tools/gen-proto.sh"
+    for api in ("v1beta1", "podresources/v1"):
+        fresh = tmp_path / "ate_devplugin/api" / api
+        for name in ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py"):
+            drifted = f"{api}/{name} drifted: run tools/gen-proto.sh"
+            assert (fresh / name).read_text() == (GENERATED / api / name).read_text(), drifted
 
 
 def test_wire_names_are_the_kubelets() -> None:
@@ -37,3 +40,23 @@ def test_wire_names_are_the_kubelets() -> None:
         "allocation_size": 3,
     }
     assert pb.NUMANode.DESCRIPTOR.fields[0].name == "ID"
+
+
+def test_pod_resources_wire_names_are_the_kubelets() -> None:
+    from ate_devplugin.api.podresources.v1 import api_pb2 as pb
+
+    assert pb.DESCRIPTOR.package == "v1"
+    (service,) = pb.DESCRIPTOR.services_by_name.values()
+    assert service.full_name == "v1.PodResourcesLister"
+    assert [m.name for m in service.methods] == ["List", "GetAllocatableResources", "Get"]
+    numbers: dict[Any, dict[str, int]] = {
+        pb.ListPodResourcesResponse: {"pod_resources": 1},
+        pb.PodResources: {"name": 1, "namespace": 2, "containers": 3},
+        pb.ContainerResources: {"name": 1, "devices": 2, "cpu_ids": 3, "memory": 4, "dynamic_resources": 5},
+        pb.ContainerDevices: {"resource_name": 1, "device_ids": 2, "topology": 3},
+        pb.DynamicResource: {"claim_name": 2, "claim_namespace": 3, "claim_resources": 4},
+        pb.ClaimResource: {"cdi_devices": 1, "driver_name": 2, "pool_name": 3, "device_name": 4, "share_id": 5},
+        pb.GetPodResourcesRequest: {"pod_name": 1, "pod_namespace": 2},
+    }
+    for message, fields in numbers.items():
+        assert {f.name: f.number for f in message.DESCRIPTOR.fields} == fields, message.DESCRIPTOR.name
