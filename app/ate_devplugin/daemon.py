@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 
 from opentelemetry.trace import SpanKind
@@ -25,12 +26,14 @@ from ate_devplugin.events import (
     Event,
     KubeletSocketCreated,
     Paths,
+    PodResourcesChanged,
     SocketGone,
     Stop,
     route,
 )
 from ate_devplugin.inventory import ResourceState
-from ate_devplugin.metrics import Metrics
+from ate_devplugin.metrics import Metrics, PodResourcesMetrics
+from ate_devplugin.podresources import PodResourcesWatch
 from ate_devplugin.ports import GrpcKubelet, HostFilesystem, SystemClock
 from ate_devplugin.reload import Worker, WorkerBusyError, read_resources
 from ate_devplugin.server import PluginServer
@@ -40,6 +43,9 @@ from ate_devplugin.tracing import Tracing
 from ate_devplugin.watcher import FsEvent, Watcher, nearest_existing
 
 log = logging.getLogger(__name__)
+
+# Written by the kubelet's device manager in the plugin directory.
+CHECKPOINT = "kubelet_internal_checkpoint"
 
 
 class AgentDiedError(RuntimeError):
@@ -89,6 +95,17 @@ class Daemon:
         self._kubelet = self.ports.fs.socket_identity(settings.kubelet_socket)  # to tell restarts
         self._busy_since: float | None = None
         self._stalls: dict[str, str] = {}  # reason -> what is stuck
+        self.pods: PodResourcesWatch | None = None
+        if settings.pod_resources:
+            self.pods = PodResourcesWatch(
+                settings.pod_resources_socket,
+                PodResourcesMetrics(metrics.registry),
+                tracing.tracer,
+                lambda: {name: agent.state.health for name, agent in self.agents.items()},
+                interval_s=settings.pod_resources_interval_s,
+                debounce_s=self.timing.pod_resources_debounce_s,
+                timeout_s=self.timing.pod_resources_timeout_s,
+            )
 
     # --- probes -----------------------------------------------------------------------
 
@@ -133,6 +150,8 @@ class Daemon:
         for resource in self.resources:
             self._add(resource)
         self._refresh()
+        if self.pods is not None:
+            self.pods.start()
         log.info(
             "started",
             extra={
@@ -172,6 +191,8 @@ class Daemon:
                     "shutdown deadline passed; still running: %s",
                     ", ".join([*(f"agent {n}" for n in stuck), *(["event router"] if not router.done() else [])]),
                 )
+        if self.pods is not None:
+            await self.pods.stop()
         if self._watcher is not None:
             self._watcher.stop()
 
@@ -201,6 +222,8 @@ class Daemon:
             kubelet_socket=self.settings.kubelet_socket,
             sockets={a.server.socket_path: a.name for a in self.agents.values()},
             config=str(self.settings.config) if self.settings.config else None,
+            checkpoint=os.path.join(self.settings.plugin_dir, CHECKPOINT) if self.pods else None,
+            pod_resources_socket=self.settings.pod_resources_socket if self.pods else None,
         )
         fs_events = [e for e in batch if isinstance(e, FsEvent)]
         events = route(fs_events, paths) + [e for e in batch if not isinstance(e, FsEvent)]
@@ -218,6 +241,11 @@ class Daemon:
                         agent.retry_now()
             elif isinstance(event, ConfigChanged):
                 reload = True
+            elif isinstance(event, PodResourcesChanged) and self.pods is not None:
+                if event.socket:
+                    self.pods.reconnect()
+                else:
+                    self.pods.refresh()
         if reload and self.settings.config is not None:
             await self._reload()
         self._refresh()
@@ -255,7 +283,10 @@ class Daemon:
         """Arms watches first, then reads the state, so nothing falls between the two."""
         self._rewatch()
         for agent in self.agents.values():
+            before = agent.state.health
             agent.apply_discovery(self._discover(agent.config, self.settings.device_root))
+            if self.pods is not None and agent.state.health != before:
+                self.pods.health_changed(agent.name, agent.state.health, agent.state.change_context)
         self._check_kubelet()
 
     def _rewatch(self) -> None:
@@ -263,6 +294,9 @@ class Daemon:
         dirs = {nearest_existing(self.settings.plugin_dir)}
         if self.settings.config:
             dirs.add(nearest_existing(str(self.settings.config.parent)))
+        pod_resources_dir = os.path.dirname(self.settings.pod_resources_socket)
+        if self.pods is not None and os.path.isdir(pod_resources_dir):
+            dirs.add(pod_resources_dir)  # the kubelet makes its socket anew when it restarts
         for agent in self.agents.values():
             dirs |= watch_dirs(agent.config, self.settings.device_root)
         self._watcher.watch(dirs)
@@ -315,6 +349,8 @@ class Daemon:
             if name not in self.agents:
                 self._add(resource)
         self.resources = resources
+        if self.pods is not None:
+            self.pods.refresh()  # the series of resources added or gone
         self.metrics.config_reloads.labels("success").inc()
         log.info("config reloaded", extra={"resources": list(wanted)})
 

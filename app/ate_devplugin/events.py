@@ -35,6 +35,14 @@ class ConfigChanged:
 
 
 @dataclass(frozen=True)
+class PodResourcesChanged:
+    """The kubelet's device manager rewrote its checkpoint (units allocated, or a plugin's
+    device list received), or the PodResources socket was made anew (``socket``)."""
+
+    socket: bool = False
+
+
+@dataclass(frozen=True)
 class Stop:
     why: str  # e.g. the signal's name
 
@@ -45,7 +53,16 @@ class AgentDied:
     error: BaseException
 
 
-Event = KubeletSocketCreated | SocketGone | DirectoryGone | DirectoryAppeared | ConfigChanged | Stop | AgentDied
+Event = (
+    KubeletSocketCreated
+    | SocketGone
+    | DirectoryGone
+    | DirectoryAppeared
+    | ConfigChanged
+    | Stop
+    | AgentDied
+    | PodResourcesChanged
+)
 
 
 @dataclass(frozen=True)
@@ -55,6 +72,9 @@ class Paths:
     kubelet_socket: str
     sockets: Mapping[str, str]  # socket path -> resource name
     config: str | None
+    # The kubelet's device manager checkpoint and PodResources socket, when pods are read.
+    checkpoint: str | None = None
+    pod_resources_socket: str | None = None
 
 
 def route(batch: Iterable[FsEvent], paths: Paths) -> list[Event]:
@@ -81,4 +101,8 @@ def route(batch: Iterable[FsEvent], paths: Paths) -> list[Event]:
             out.append(DirectoryAppeared())
         if config_dir and any(os.path.dirname(p) == config_dir for p in e.paths()):
             out.append(ConfigChanged())
+        if paths.checkpoint and target == paths.checkpoint and e.kind in ("moved", "created", "closed"):
+            out.append(PodResourcesChanged())
+        if moved_or_made and paths.pod_resources_socket and target == paths.pod_resources_socket:
+            out.append(PodResourcesChanged(socket=True))
     return list(dict.fromkeys(out))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -98,6 +99,7 @@ class PodResourcesWatch:
         self._wanted = asyncio.Event()
         self._lost: list[Lost] = []
         self._channel: grpc.aio.Channel | None = None
+        self._stale = False  # the channel is to a socket since made anew
         self._closing: set[asyncio.Task[None]] = set()  # channels being closed
         self._failure: str | None = None  # the failure reported last, to report each once
         self.task: asyncio.Task[None] | None = None
@@ -110,7 +112,7 @@ class PodResourcesWatch:
 
     def reconnect(self) -> None:
         """The PodResources socket was made anew (a kubelet restart): dial it afresh."""
-        self._drop_channel()
+        self._stale = True  # not closed here: that would cancel a List in flight
         self.refresh()
 
     def health_changed(self, resource: str, health: str, cause: Context | None) -> None:
@@ -139,7 +141,12 @@ class PodResourcesWatch:
         while True:
             await self._next_request()
             self._wanted.clear()
-            await self.list_once()
+            try:
+                await self.list_once()
+            except Exception:
+                # Whatever it was, the next List may go better; the device plugin goes on.
+                log.exception("listing pod resources failed")
+                self.metrics.requests.labels("error").inc()
             # Everything asking meanwhile is served by one List after this.
             await asyncio.sleep(self.debounce_s)
 
@@ -180,6 +187,11 @@ class PodResourcesWatch:
                     self._report_loss(x.resource, span)
 
     async def _list(self) -> pb.ListPodResourcesResponse:
+        if self._stale:
+            self._stale = False
+            self._drop_channel()
+        if not os.path.exists(self.socket_path):  # no kubelet (yet): no channel to set up in vain
+            raise PodResourcesError("unavailable", f"List at {self.socket_path}: no such socket")
         if self._channel is None:
             # The kubelet's own clients send localhost, not the socket path, as :authority.
             # A subchannel of its own: gRPC would otherwise share one across channels,

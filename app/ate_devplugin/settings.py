@@ -24,10 +24,18 @@ DEFAULTS = {
     "metrics_address": "0.0.0.0:9477",
     "log_format": "auto",
     "log_level": "info",
+    # Which pods hold units, from the kubelet's PodResources API: on or off; its socket
+    # (empty: pod-resources/kubelet.sock next to the plugin directory); the fallback
+    # interval in seconds (0: only on the kubelet's checkpoint writes and health changes).
+    "pod_resources": "on",
+    "pod_resources_socket": "",
+    "pod_resources_interval": "60",
 }
 LOG_FORMATS = ("auto", "json", "text")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 KUBELET_SOCKET = "kubelet.sock"
+POD_RESOURCES_DIR = "pod-resources"  # next to the device-plugins directory in the kubelet's root
+MAX_INTERVAL_S = 86400.0
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,9 @@ class Timing:
     shutdown_deadline_s: float = 3.0
     # ... and spans flushed within this long (5 s in all, the chart grants 10 s).
     trace_flush_s: float = 1.5
+    # PodResources: at most one List this often while events keep coming, each this long at most.
+    pod_resources_debounce_s: float = 0.5
+    pod_resources_timeout_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -66,6 +77,9 @@ class Settings:
     log_format: str
     log_level: str
     timing: Timing = field(default_factory=Timing)
+    pod_resources: bool = True
+    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    pod_resources_interval_s: float = 60.0
 
     @property
     def kubelet_socket(self) -> str:
@@ -107,6 +121,15 @@ def resolve(flags: Mapping[str, str | None], env: Mapping[str, str]) -> Settings
     if log_level not in LOG_LEVELS:
         raise ConfigError("log_level", f"must be one of {', '.join(LOG_LEVELS)} (got {log_level!r})")
     config = pick("config")
+    pod_resources = pick("pod_resources").lower()
+    if pod_resources not in ("on", "off"):
+        raise ConfigError("pod_resources", f"must be on or off (got {pod_resources!r})")
+    pod_socket = pick("pod_resources_socket") or os.path.join(
+        os.path.dirname(plugin_dir), POD_RESOURCES_DIR, KUBELET_SOCKET
+    )
+    if not pod_socket.startswith("/"):
+        raise ConfigError("pod_resources_socket", f"must be an absolute path (got {pod_socket!r})")
+    interval = _seconds(pick("pod_resources_interval"), "pod_resources_interval")
     return Settings(
         config=Path(config).absolute() if config else None,
         device_root=device_root,
@@ -115,6 +138,9 @@ def resolve(flags: Mapping[str, str | None], env: Mapping[str, str]) -> Settings
         metrics_port=port,
         log_format=log_format,
         log_level=log_level,
+        pod_resources=pod_resources == "on",
+        pod_resources_socket=os.path.normpath(pod_socket),
+        pod_resources_interval_s=interval,
     )
 
 
@@ -129,3 +155,13 @@ def _address(value: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError("metrics_address", f"must be HOST:PORT with a port from 0 to 65535 (got {value!r})")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _seconds(value: str, name: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= MAX_INTERVAL_S:  # also refuses nan
+        raise ConfigError(name, f"must be a number of seconds from 0 to {MAX_INTERVAL_S:.0f} (got {value!r})")
+    return seconds

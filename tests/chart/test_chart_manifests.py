@@ -111,9 +111,11 @@ def test_daemonset_security(helm: Helm, ci_values: Path) -> None:
     assert pod["automountServiceAccountToken"] is False
     assert not c.get("ports", [{}])[0].get("hostPort")
 
-    # Exactly two host paths: the socket directory (rw) and /dev (ro, as the device root).
+    # Two host paths: the socket directory (rw) and /dev (ro, as the device root); a third,
+    # read-only, only while pods holding units are read: the kubelet's pod-resources directory.
     host_paths = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
-    assert set(host_paths) == {"device-plugins", "host-dev"}
+    pod_resources = (yaml.safe_load(ci_values.read_text()) or {}).get("podResources", {}).get("enabled", True)
+    assert set(host_paths) == {"device-plugins", "host-dev", *(["pod-resources"] if pod_resources else [])}
     assert host_paths["host-dev"]["path"] == "/dev"
     assert host_paths["device-plugins"]["path"].endswith("/device-plugins")
     mounts = {m["name"]: m for m in c["volumeMounts"]}
@@ -127,6 +129,14 @@ def test_daemonset_security(helm: Helm, ci_values: Path) -> None:
     assert "--device-root=/host/dev" in c["args"]
     assert f"--plugin-dir={host_paths['device-plugins']['path']}" in c["args"]
     assert "--config=/etc/ate-devplugin/config.yaml" in c["args"]
+    if pod_resources:
+        assert mounts["pod-resources"]["readOnly"] is True
+        assert mounts["pod-resources"]["mountPath"] == host_paths["pod-resources"]["path"]
+        assert host_paths["pod-resources"]["path"].endswith("/pod-resources")
+        assert f"--pod-resources-socket={host_paths['pod-resources']['path']}/kubelet.sock" in c["args"]
+        assert "--pod-resources=on" in c["args"]
+    else:
+        assert "--pod-resources=off" in c["args"]
 
     strategy = ds["spec"]["updateStrategy"]
     if strategy["type"] == "RollingUpdate":

@@ -11,6 +11,7 @@ from ate_devplugin.events import (
     Event,
     KubeletSocketCreated,
     Paths,
+    PodResourcesChanged,
     SocketGone,
     route,
 )
@@ -55,3 +56,41 @@ def test_route(why: str, batch: list[FsEvent], expected: list[Event]) -> None:
 def test_no_config_file_no_config_events() -> None:
     paths = Paths(kubelet_socket=PATHS.kubelet_socket, sockets={}, config=None)
     assert route([fs("closed", "/etc/ate/config.yaml")], paths) == []
+
+
+POD_PATHS = Paths(
+    kubelet_socket=PATHS.kubelet_socket,
+    sockets={},
+    config=None,
+    checkpoint=f"{D}/kubelet_internal_checkpoint",
+    pod_resources_socket="/var/lib/kubelet/pod-resources/kubelet.sock",
+)
+POD_ROWS: list[tuple[str, list[FsEvent], list[Event]]] = [
+    (
+        "checkpoint rewritten (temp file renamed over it)",
+        [
+            fs("created", f"{D}/.tmp1"),
+            fs("closed", f"{D}/.tmp1"),
+            fs("moved", f"{D}/.tmp1", f"{D}/kubelet_internal_checkpoint"),
+        ],
+        [PodResourcesChanged()],
+    ),
+    ("checkpoint written in place", [fs("closed", f"{D}/kubelet_internal_checkpoint")], [PodResourcesChanged()]),
+    ("checkpoint removed: nothing", [fs("deleted", f"{D}/kubelet_internal_checkpoint")], []),
+    (
+        "PodResources socket made anew",
+        [fs("created", "/var/lib/kubelet/pod-resources/kubelet.sock")],
+        [PodResourcesChanged(socket=True)],
+    ),
+    ("PodResources socket gone: nothing", [fs("deleted", "/var/lib/kubelet/pod-resources/kubelet.sock")], []),
+]
+
+
+@pytest.mark.parametrize(("why", "batch", "expected"), POD_ROWS, ids=[r[0] for r in POD_ROWS])
+def test_route_pod_resources(why: str, batch: list[FsEvent], expected: list[Event]) -> None:
+    assert route(batch, POD_PATHS) == expected, why
+
+
+def test_pods_not_read_no_pod_events() -> None:
+    paths = Paths(kubelet_socket=PATHS.kubelet_socket, sockets={}, config=None)
+    assert route([fs("moved", f"{D}/.tmp", f"{D}/kubelet_internal_checkpoint")], paths) == []

@@ -4,6 +4,7 @@ is in tests/e2e/test_pods_holding_units.py)."""
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -226,7 +227,15 @@ async def test_failures_are_counted_logged_once_and_the_next_list_recovers(
         assert s.value("ate_devplugin_pod_resources_requests_total", result="unavailable") == 2
         warnings = [r for r in caplog.records if r.message.startswith("cannot list pod resources")]
         assert len(warnings) == 1
-        assert "UNAVAILABLE" in warnings[0].message
+        assert warnings[0].message.endswith("no such socket")
+
+        stale = socket.socket(socket.AF_UNIX)  # a socket file nobody listens on
+        stale.bind(str(s.socket))
+        stale.close()
+        await s.watch.list_once()
+        assert s.value("ate_devplugin_pod_resources_requests_total", result="unavailable") == 3
+        assert "UNAVAILABLE" in caplog.records[-1].message
+        s.socket.unlink()
 
         server = await serve(s.socket, s.lister)
         try:
@@ -310,3 +319,23 @@ async def test_stop_before_start_and_twice_is_safe(tmp_path: Path) -> None:
     await s.watch.stop()
     assert s.watch.task is not None
     assert s.watch.task.cancelled()
+
+
+async def test_an_unexpected_error_is_logged_and_the_next_request_lists_again(
+    setup: Setup, caplog: pytest.LogCaptureFixture
+) -> None:
+    broken = {"once": True}
+    health = setup.watch._health
+
+    def fails_once() -> dict[str, str]:
+        if broken.pop("once", False):
+            raise RuntimeError("injected")
+        return dict(health())
+
+    setup.watch._health = fails_once
+    setup.lister.pods = [pod("vm", "a", ("vmm", KVM, 1))]
+    setup.watch.start()
+    await until(lambda: any(r.message == "listing pod resources failed" for r in caplog.records), "logged")
+    assert setup.value("ate_devplugin_pod_resources_requests_total", result="error") == 1
+    setup.watch.refresh()
+    await until(lambda: setup.units("vm", "a", "vmm") == 1, "listed again")
