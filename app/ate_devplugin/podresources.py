@@ -94,6 +94,7 @@ class PodResourcesWatch:
         self.debounce_s = debounce_s
         self.timeout_s = timeout_s
         self.held: dict[Key, int] = {}
+        self._listed = False  # a List has answered
         self._exported: set[Key] = set()
         self._resources: set[str] = set()  # resources with per-resource series
         self._wanted = asyncio.Event()
@@ -181,6 +182,7 @@ class PodResourcesWatch:
                 log.info("PodResources answers again", extra={"socket": self.socket_path})
                 self._failure = None
             self.held = holdings(response, health)
+            self._listed = True
             self._publish(health)
             for x in lost:
                 if health.get(x.resource) == UNHEALTHY:  # not back meanwhile
@@ -239,7 +241,10 @@ class PodResourcesWatch:
         self._publish_resources(health)
 
     def _publish_resources(self, health: Mapping[str, str] | None = None) -> None:
-        """Per resource: pods holding units, and those of them on an unhealthy device."""
+        """Per resource: pods holding units, and those of them on an unhealthy device
+        (none before a List answered: no count is better than a false 0)."""
+        if not self._listed:
+            return
         health = self._health() if health is None else health
         m = self.metrics
         for gone in self._resources - health.keys():

@@ -10,6 +10,7 @@ device manager (:mod:`tests.harness.kubelet`, the Go bench) in a private mount n
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,20 @@ SOCKET_NAME = "ate-ate-dev-kvm.sock"
 REPO = Path(__file__).resolve().parents[2]
 ALERTS_FILE = REPO / "chart" / "files" / "alerts.yaml"
 KVM_CONFIG = f"resources:\n  - name: {RESOURCE}\n    devices: [/dev/kvm]\n"
+
+
+# Series only a kubelet serving the PodResources API gives the daemon; the kubelet bench
+# embeds the device manager alone. The queries that read them are run against the real
+# one-node cluster, with a pod holding the device, by tests/e2e/test_pods_holding_units.py.
+POD_RESOURCES_SERIES = (
+    "ate_devplugin_pod_units",
+    "ate_devplugin_pods_holding_units",
+    "ate_devplugin_pods_on_unhealthy_device",
+)
+
+
+def reads_pod_resources(expr: str) -> bool:
+    return any(re.search(rf"\b{name}\b", expr) for name in POD_RESOURCES_SERIES)
 
 
 def write_atomically(path: Path, text: str) -> None:

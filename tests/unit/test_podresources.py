@@ -339,3 +339,13 @@ async def test_an_unexpected_error_is_logged_and_the_next_request_lists_again(
     assert setup.value("ate_devplugin_pod_resources_requests_total", result="error") == 1
     setup.watch.refresh()
     await until(lambda: setup.units("vm", "a", "vmm") == 1, "listed again")
+
+
+async def test_no_pod_counts_before_a_list_answered(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
+    s.health[KVM] = UNHEALTHY
+    s.watch.health_changed(KVM, UNHEALTHY, None)
+    await s.watch.list_once()  # no socket
+    assert s.value("ate_devplugin_pods_on_unhealthy_device", resource_name=KVM) is None
+    assert s.value("ate_devplugin_pods_holding_units", resource_name=KVM) is None
+    await s.watch.stop()
