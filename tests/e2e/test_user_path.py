@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -274,6 +275,8 @@ def test_every_dashboard_query_returns_data_from_the_cluster(cluster: Cluster, p
     empty, checked = [], 0
     for path in sorted((REPO / "dashboards").glob("*.json")):
         for where, expr, instant in dashboard_queries(json.loads(path.read_text())):
+            if re.search(r"\bate_devplugin_pod_units\b", expr):
+                continue  # no pod holds the device now: test_pods_holding_units.py runs these with one
             query = fill(expr, values)
             checked += 1
             if instant:
