@@ -242,10 +242,7 @@ class Daemon:
             elif isinstance(event, ConfigChanged):
                 reload = True
             elif isinstance(event, PodResourcesChanged) and self.pods is not None:
-                if event.socket:
-                    self.pods.reconnect()
-                else:
-                    self.pods.refresh()
+                self.pods.refresh()
         if reload and self.settings.config is not None:
             await self._reload()
         self._refresh()

@@ -37,9 +37,7 @@ class ConfigChanged:
 @dataclass(frozen=True)
 class PodResourcesChanged:
     """The kubelet's device manager rewrote its checkpoint (units allocated, or a plugin's
-    device list received), or the PodResources socket was made anew (``socket``)."""
-
-    socket: bool = False
+    device list received), or the PodResources socket was made anew (a kubelet restart)."""
 
 
 @dataclass(frozen=True)
@@ -104,5 +102,5 @@ def route(batch: Iterable[FsEvent], paths: Paths) -> list[Event]:
         if paths.checkpoint and target == paths.checkpoint and e.kind in ("moved", "created", "closed"):
             out.append(PodResourcesChanged())
         if moved_or_made and paths.pod_resources_socket and target == paths.pod_resources_socket:
-            out.append(PodResourcesChanged(socket=True))
+            out.append(PodResourcesChanged())
     return list(dict.fromkeys(out))

@@ -99,9 +99,6 @@ class PodResourcesWatch:
         self._resources: set[str] = set()  # resources with per-resource series
         self._wanted = asyncio.Event()
         self._lost: list[Lost] = []
-        self._channel: grpc.aio.Channel | None = None
-        self._stale = False  # the channel is to a socket since made anew
-        self._closing: set[asyncio.Task[None]] = set()  # channels being closed
         self._failure: str | None = None  # the failure reported last, to report each once
         self.task: asyncio.Task[None] | None = None
 
@@ -110,11 +107,6 @@ class PodResourcesWatch:
     def refresh(self) -> None:
         """Something may have changed the pods holding units: list again soon."""
         self._wanted.set()
-
-    def reconnect(self) -> None:
-        """The PodResources socket was made anew (a kubelet restart): dial it afresh."""
-        self._stale = True  # not closed here: that would cancel a List in flight
-        self.refresh()
 
     def health_changed(self, resource: str, health: str, cause: Context | None) -> None:
         """Updates the pods-on-an-unhealthy-device count at once, and lists again; a loss
@@ -132,9 +124,6 @@ class PodResourcesWatch:
         if self.task is not None:
             self.task.cancel()
             await asyncio.wait({self.task})
-        self._drop_channel()
-        if self._closing:
-            await asyncio.wait(self._closing)
 
     # --- running ------------------------------------------------------------------------
 
@@ -189,37 +178,26 @@ class PodResourcesWatch:
                     self._report_loss(x.resource, span)
 
     async def _list(self) -> pb.ListPodResourcesResponse:
-        if self._stale:
-            self._stale = False
-            self._drop_channel()
+        """One List on a channel of its own: a kubelet restarted meanwhile is dialled afresh,
+        and nothing stays connected between Lists (an open channel costs idle CPU)."""
         if not os.path.exists(self.socket_path):  # no kubelet (yet): no channel to set up in vain
             raise PodResourcesError("unavailable", f"List at {self.socket_path}: no such socket")
-        if self._channel is None:
-            # The kubelet's own clients send localhost, not the socket path, as :authority.
-            # A subchannel of its own: gRPC would otherwise share one across channels,
-            # with the reconnect backoff of the socket that was gone.
-            options = [("grpc.default_authority", "localhost"), ("grpc.use_local_subchannel_pool", 1)]
-            self._channel = grpc.aio.insecure_channel(f"unix://{self.socket_path}", options=options)
-        stub = api_pb2_grpc.PodResourcesListerStub(self._channel)  # type: ignore[no-untyped-call]  # generated code is unannotated
-        try:
-            response: pb.ListPodResourcesResponse = await stub.List(
-                pb.ListPodResourcesRequest(), timeout=self.timeout_s
-            )
-        except grpc.aio.AioRpcError as exc:
-            self._drop_channel()  # the next List dials afresh: no reconnect backoff in the way
-            code = exc.code()
-            raise PodResourcesError(
-                _REASONS.get(code, "error"), f"List at {self.socket_path}: {code.name}: {exc.details()}"
-            ) from exc
+        # The kubelet's own clients send localhost, not the socket path, as :authority. A
+        # subchannel of its own: gRPC would otherwise share one across channels, with the
+        # reconnect backoff of a socket that was gone.
+        options = [("grpc.default_authority", "localhost"), ("grpc.use_local_subchannel_pool", 1)]
+        async with grpc.aio.insecure_channel(f"unix://{self.socket_path}", options=options) as channel:
+            stub = api_pb2_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]  # generated code is unannotated
+            try:
+                response: pb.ListPodResourcesResponse = await stub.List(
+                    pb.ListPodResourcesRequest(), timeout=self.timeout_s
+                )
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code()
+                raise PodResourcesError(
+                    _REASONS.get(code, "error"), f"List at {self.socket_path}: {code.name}: {exc.details()}"
+                ) from exc
         return response
-
-    def _drop_channel(self) -> None:
-        channel, self._channel = self._channel, None
-        if channel is not None:
-            # Closing only cancels calls in flight (none here); done in the background.
-            task = asyncio.get_running_loop().create_task(channel.close(None), name="close PodResources channel")
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
 
     def _failed(self, exc: PodResourcesError) -> None:
         if str(exc) != self._failure:  # the same failure again and again is logged once

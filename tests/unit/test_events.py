@@ -80,7 +80,7 @@ POD_ROWS: list[tuple[str, list[FsEvent], list[Event]]] = [
     (
         "PodResources socket made anew",
         [fs("created", "/var/lib/kubelet/pod-resources/kubelet.sock")],
-        [PodResourcesChanged(socket=True)],
+        [PodResourcesChanged()],
     ),
     ("PodResources socket gone: nothing", [fs("deleted", "/var/lib/kubelet/pod-resources/kubelet.sock")], []),
 ]
