@@ -24,10 +24,11 @@ DEFAULTS = {
     "metrics_address": "0.0.0.0:9477",
     "log_format": "auto",
     "log_level": "info",
-    # Which pods hold units, from the kubelet's PodResources API: on or off; its socket
+    # Which pods hold units, from the kubelet's PodResources API: on or off (off: the
+    # fallback Lists cost measurable idle CPU, see README); its socket
     # (empty: pod-resources/kubelet.sock next to the plugin directory); the fallback
     # interval in seconds (0: only on the kubelet's checkpoint writes and health changes).
-    "pod_resources": "on",
+    "pod_resources": "off",
     "pod_resources_socket": "",
     "pod_resources_interval": "60",
 }
@@ -77,7 +78,7 @@ class Settings:
     log_format: str
     log_level: str
     timing: Timing = field(default_factory=Timing)
-    pod_resources: bool = True
+    pod_resources: bool = False
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     pod_resources_interval_s: float = 60.0
 

@@ -114,7 +114,7 @@ def test_daemonset_security(helm: Helm, ci_values: Path) -> None:
     # Two host paths: the socket directory (rw) and /dev (ro, as the device root); a third,
     # read-only, only while pods holding units are read: the kubelet's pod-resources directory.
     host_paths = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
-    pod_resources = (yaml.safe_load(ci_values.read_text()) or {}).get("podResources", {}).get("enabled", True)
+    pod_resources = (yaml.safe_load(ci_values.read_text()) or {}).get("podResources", {}).get("enabled", False)
     assert set(host_paths) == {"device-plugins", "host-dev", *(["pod-resources"] if pod_resources else [])}
     assert host_paths["host-dev"]["path"] == "/dev"
     assert host_paths["device-plugins"]["path"].endswith("/device-plugins")

@@ -57,11 +57,14 @@ ALERT = "AteDevpluginPodsOnUnhealthyDevice"
 
 @pytest.fixture(scope="module")
 def release(cluster: Cluster, helm: Helm) -> Iterator[None]:
-    """The chart with its defaults (PodResources on), watching a device directory of the
-    sandbox's own, so the device node can be removed; uninstalled at the end."""
+    """The chart with PodResources on, watching a device directory of the sandbox's own, so
+    the device node can be removed; uninstalled at the end."""
     cluster.sandbox.run(["sh", "-ec", f"mkdir -p {PRIVATE_DEV}; mknod -m 0666 {KVM} c 10 232"])
     try:
-        helm.install("--set", f"hostPaths.dev={PRIVATE_DEV}", "--set", f"podResources.interval={INTERVAL_S}")
+        helm.install(
+            "--set", f"hostPaths.dev={PRIVATE_DEV}", "--set", "podResources.enabled=true",
+            "--set", f"podResources.interval={INTERVAL_S}",
+        )  # fmt: skip
         yield
     finally:
         if helm.run("status", "ate-devplugin", "-n", NAMESPACE, check=False).returncode == 0:

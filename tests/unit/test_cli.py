@@ -81,17 +81,17 @@ def test_pod_resources_settings() -> None:
     from ate_devplugin.settings import resolve
 
     default = resolve({}, {})
-    assert default.pod_resources
+    assert not default.pod_resources
     assert default.pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
     assert default.pod_resources_interval_s == 60
     # The socket follows the kubelet's root unless given.
     assert resolve({"plugin_dir": "/k/device-plugins"}, {}).pod_resources_socket == "/k/pod-resources/kubelet.sock"
     given = resolve(
         {"pod_resources_interval": "0"},
-        {"ATE_DEVPLUGIN_POD_RESOURCES": "OFF", "ATE_DEVPLUGIN_POD_RESOURCES_SOCKET": "/run/pr.sock"},
+        {"ATE_DEVPLUGIN_POD_RESOURCES": "ON", "ATE_DEVPLUGIN_POD_RESOURCES_SOCKET": "/run/pr.sock"},
     )
     assert (given.pod_resources, given.pod_resources_socket, given.pod_resources_interval_s) == (
-        False,
+        True,
         "/run/pr.sock",
         0,
     )

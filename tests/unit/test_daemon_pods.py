@@ -40,7 +40,7 @@ async def pods(tmp_path: Path) -> AsyncIterator[Pods]:
     lister = FakeLister()
     lister.pods = [pod("vm", "worker", ("vmm", KVM, 1))]
     server = await serve(tmp_path / "pod-resources/kubelet.sock", lister)
-    setup = Setup(tmp_path, flags={"pod_resources_interval": "0"}, pod_resources_debounce_s=0.0)
+    setup = Setup(tmp_path, flags={"pod_resources": "on", "pod_resources_interval": "0"}, pod_resources_debounce_s=0.0)
     try:
         yield Pods(tmp_path, setup, lister, server)
     finally:
@@ -93,8 +93,8 @@ async def test_a_lost_device_counts_and_names_the_pods_holding_it(pods: Pods, ca
     await asyncio.wait_for(task, 5)
 
 
-async def test_off_reads_no_pods(tmp_path: Path) -> None:
-    s = Setup(tmp_path, flags={"pod_resources": "off"})
+async def test_off_by_default_reads_no_pods(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
     task = await running(s)
     assert s.daemon.pods is None
     assert s.sample("ate_devplugin_pod_resources_requests_total", result="unavailable") is None
