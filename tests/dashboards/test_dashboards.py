@@ -255,7 +255,7 @@ def test_every_query_returns_data(fleet: FleetScenario, name: str, node: str) ->
     checked = 0
     for where, expr, instant in queries(ALL[name]):
         if reads_pod_resources(expr):
-            continue  # the bench serves no PodResources: tests/e2e/test_pods_holding_units.py runs these
+            continue  # PodResources off, none in the bench: tests/e2e/test_pods_holding_units.py runs these
         filled = substitute(expr, node)
         problem = has_data(prom, filled, instant, fleet.started, end)
         checked += 1

@@ -35,13 +35,17 @@ ALERTS_FILE = REPO / "chart" / "files" / "alerts.yaml"
 KVM_CONFIG = f"resources:\n  - name: {RESOURCE}\n    devices: [/dev/kvm]\n"
 
 
-# Series only a kubelet serving the PodResources API gives the daemon; the kubelet bench
-# embeds the device manager alone. The queries that read them are run against the real
-# one-node cluster, with a pod holding the device, by tests/e2e/test_pods_holding_units.py.
+# Series of a daemon reading the kubelet's PodResources API: off by default, and the
+# kubelet bench embeds the device manager alone. The queries that read them are run against
+# the real one-node cluster, with it on and a pod holding the device, by
+# tests/e2e/test_pods_holding_units.py.
 POD_RESOURCES_SERIES = (
     "ate_devplugin_pod_units",
     "ate_devplugin_pods_holding_units",
     "ate_devplugin_pods_on_unhealthy_device",
+    "ate_devplugin_pod_units_series_dropped",
+    "ate_devplugin_pod_resources_requests_total",
+    "ate_devplugin_pod_resources_duration_seconds",
 )
 
 
