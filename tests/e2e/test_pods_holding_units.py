@@ -155,6 +155,12 @@ def test_a_pod_holding_the_device_is_listed_with_its_namespace_pod_and_container
 def test_the_pod_panels_return_data(prometheus: SandboxPrometheus, holder: dict[str, str]) -> None:
     prometheus.wait_for(f"ate_devplugin_pod_units{{{selector(holder)}}} == 1", timeout=120)
     prometheus.wait_for('ate_devplugin_pods_holding_units{resource_name="ate.dev/kvm"} == 1', timeout=120)
+    # increase() over the rate interval needs two scrapes of the series first.
+    wait_until(
+        "every pod panel query with data",
+        lambda: all(panel_results(prometheus).values()),
+        120,
+    )
     results = panel_results(prometheus)
     assert len(results) >= 5
     for where, samples in results.items():
