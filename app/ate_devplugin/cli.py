@@ -73,6 +73,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--dra-slots", help=f"claims that can share each resource on a node (default {DEFAULTS['dra_slots']})"
     )
+    run.add_argument(
+        "--pod-resources",
+        help="on or off: export which pods hold units, read from the kubelet's PodResources API "
+        f"(default {DEFAULTS['pod_resources']})",
+    )
+    run.add_argument(
+        "--pod-resources-socket",
+        help="the kubelet's PodResources socket (default: pod-resources/kubelet.sock next to the plugin "
+        "directory, /var/lib/kubelet/pod-resources/kubelet.sock)",
+    )
+    run.add_argument(
+        "--pod-resources-interval",
+        help="seconds between Lists when no event asked for one; 0: events only "
+        f"(default {DEFAULTS['pod_resources_interval']})",
+    )
     check = sub.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("file", type=Path)
     sub.add_parser("version", help="print the version")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -27,13 +28,15 @@ from ate_devplugin.events import (
     Event,
     KubeletSocketCreated,
     Paths,
+    PodResourcesChanged,
     SocketGone,
     Stop,
     matters,
     route,
 )
 from ate_devplugin.inventory import ResourceState
-from ate_devplugin.metrics import Metrics
+from ate_devplugin.metrics import Metrics, PodResourcesMetrics
+from ate_devplugin.podresources import PodResourcesWatch
 from ate_devplugin.ports import GrpcKubelet, HostFilesystem, SystemClock
 from ate_devplugin.reload import Worker, WorkerBusyError, read_resources
 from ate_devplugin.server import PluginServer
@@ -46,6 +49,9 @@ if TYPE_CHECKING:  # imported only in DRA mode
     from ate_devplugin.dra_plugin import DraPlugin
 
 log = logging.getLogger(__name__)
+
+# Written by the kubelet's device manager in the plugin directory.
+CHECKPOINT = "kubelet_internal_checkpoint"
 
 
 class AgentDiedError(RuntimeError):
@@ -98,6 +104,19 @@ class Daemon:
         self._kubelet = self.ports.fs.socket_identity(settings.kubelet_socket)  # to tell restarts
         self._busy_since: float | None = None
         self._stalls: dict[str, str] = {}  # reason -> what is stuck
+        self.pods: PodResourcesWatch | None = None
+        if settings.pod_resources:
+            self.pods = PodResourcesWatch(
+                settings.pod_resources_socket,
+                PodResourcesMetrics(metrics.registry),
+                tracing.tracer,
+                lambda: {name: agent.state.health for name, agent in self.agents.items()},
+                interval_s=settings.pod_resources_interval_s,
+                debounce_s=self.timing.pod_resources_debounce_s,
+                timeout_s=self.timing.pod_resources_timeout_s,
+            )
+        # The kubelet's checkpoint: rewritten when units are allocated, so pods are read again.
+        self._checkpoint = os.path.join(settings.plugin_dir, CHECKPOINT) if self.pods else None
         # CDI specs follow the devices of the resources that answer with CDI names.
         self.cdi = CdiSpecs(settings.cdi_dir, metrics)
         self._cdi_for_all = False
@@ -154,13 +173,15 @@ class Daemon:
     async def run(self) -> None:
         """Runs until a stop is requested; raises AgentDiedError when an agent died."""
         loop = asyncio.get_running_loop()
-        self._watcher = Watcher(loop, self.put, lambda e: matters(e, self._quiet_dir))
+        self._watcher = Watcher(loop, self.put, lambda e: matters(e, self._quiet_dir, self._checkpoint))
         self._watcher.start()
         if self.dra is not None:
             await self.dra.start()
         for resource in self.resources:
             self._add(resource)
         self._refresh()
+        if self.pods is not None:
+            self.pods.start()
         log.info(
             "started",
             extra={
@@ -203,6 +224,8 @@ class Daemon:
                     ", ".join([*(f"agent {n}" for n in stuck), *(["event router"] if not router.done() else [])]),
                 )
         self.cdi.remove_all()  # no runtime may resolve a name nobody serves
+        if self.pods is not None:
+            await self.pods.stop()
         if self._watcher is not None:
             self._watcher.stop()
 
@@ -232,6 +255,8 @@ class Daemon:
             kubelet_socket=self.settings.kubelet_socket,
             sockets={a.server.socket_path: a.name for a in self.agents.values()},
             config=str(self.settings.config) if self.settings.config else None,
+            checkpoint=self._checkpoint,
+            pod_resources_socket=self.settings.pod_resources_socket if self.pods else None,
         )
         fs_events = [e for e in batch if isinstance(e, FsEvent)]
         events = route(fs_events, paths) + [e for e in batch if not isinstance(e, FsEvent)]
@@ -249,6 +274,8 @@ class Daemon:
                         agent.retry_now()
             elif isinstance(event, ConfigChanged):
                 reload = True
+            elif isinstance(event, PodResourcesChanged) and self.pods is not None:
+                self.pods.refresh()
         if reload and self.settings.config is not None:
             await self._reload()
         self._refresh()
@@ -289,7 +316,10 @@ class Daemon:
         self._rewatch()
         found = {r.name: self._discover(r, self.settings.device_root) for r in self.resources}
         for name, agent in self.agents.items():
+            before = agent.state.health
             agent.apply_discovery(found[name])
+            if self.pods is not None and agent.state.health != before:
+                self.pods.health_changed(agent.name, agent.state.health, agent.state.change_context)
         wanted = {r.name for r in self.resources if self._wants_cdi(r)}
         for resource in self.resources:
             if resource.name in wanted:
@@ -307,11 +337,14 @@ class Daemon:
             dirs.add(nearest_existing(str(self.settings.config.parent)))
         for resource in self.resources:
             dirs |= watch_dirs(resource, self.settings.device_root)
+        pod_resources_dir = os.path.dirname(self.settings.pod_resources_socket)
+        if self.pods is not None and os.path.isdir(pod_resources_dir):
+            dirs.add(pod_resources_dir)  # the kubelet makes its socket anew when it restarts
         self._quiet_dir = None
         if self.settings.device_plugin:
             plugin_dir = self.settings.plugin_dir
-            # Only sockets and directories matter in the plugin directory, unless it is
-            # watched for the config or devices as well.
+            # Only sockets and directories matter in the plugin directory (and the kubelet's
+            # checkpoint while pods are read), unless it is watched for the config or devices.
             self._quiet_dir = plugin_dir if plugin_dir not in dirs else None
             dirs.add(nearest_existing(plugin_dir))
         self._watcher.watch(dirs)
@@ -365,6 +398,8 @@ class Daemon:
             if name not in self.agents:
                 self._add(resource)
         self.resources = resources
+        if self.pods is not None:
+            self.pods.refresh()  # the series of resources added or gone
         self.metrics.config_reloads.labels("success").inc()
         log.info("config reloaded", extra={"resources": list(wanted)})
 

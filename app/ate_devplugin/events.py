@@ -35,6 +35,12 @@ class ConfigChanged:
 
 
 @dataclass(frozen=True)
+class PodResourcesChanged:
+    """The kubelet's device manager rewrote its checkpoint (units allocated, or a plugin's
+    device list received), or the PodResources socket was made anew (a kubelet restart)."""
+
+
+@dataclass(frozen=True)
 class Stop:
     why: str  # e.g. the signal's name
 
@@ -45,7 +51,16 @@ class AgentDied:
     error: BaseException
 
 
-Event = KubeletSocketCreated | SocketGone | DirectoryGone | DirectoryAppeared | ConfigChanged | Stop | AgentDied
+Event = (
+    KubeletSocketCreated
+    | SocketGone
+    | DirectoryGone
+    | DirectoryAppeared
+    | ConfigChanged
+    | Stop
+    | AgentDied
+    | PodResourcesChanged
+)
 
 
 @dataclass(frozen=True)
@@ -55,19 +70,23 @@ class Paths:
     kubelet_socket: str
     sockets: Mapping[str, str]  # socket path -> resource name
     config: str | None
+    # The kubelet's device manager checkpoint and PodResources socket, when pods are read.
+    checkpoint: str | None = None
+    pod_resources_socket: str | None = None
 
 
-def matters(event: FsEvent, quiet_dir: str | None) -> bool:
+def matters(event: FsEvent, quiet_dir: str | None, also: str | None = None) -> bool:
     """Whether a filesystem event can mean anything to the daemon.
 
     In ``quiet_dir`` (the plugin directory, when nothing else is watched there) only
-    directories and sockets (``*.sock``: the kubelet's and every plugin's) do: the kubelet
+    directories, sockets (``*.sock``: the kubelet's and every plugin's) and the file
+    ``also`` (the kubelet's checkpoint, while pods holding units are read) do: the kubelet
     rewrites its checkpoint file there at every admission, and handling those events cost
     more CPU than the Allocate call itself.
     """
     if quiet_dir is None or event.is_directory:
         return True
-    return any(os.path.dirname(p) != quiet_dir or p.endswith(".sock") for p in event.paths())
+    return any(os.path.dirname(p) != quiet_dir or p.endswith(".sock") or p == also for p in event.paths())
 
 
 def route(batch: Iterable[FsEvent], paths: Paths) -> list[Event]:
@@ -94,4 +113,8 @@ def route(batch: Iterable[FsEvent], paths: Paths) -> list[Event]:
             out.append(DirectoryAppeared())
         if config_dir and any(os.path.dirname(p) == config_dir for p in e.paths()):
             out.append(ConfigChanged())
+        if paths.checkpoint and target == paths.checkpoint and e.kind in ("moved", "created", "closed"):
+            out.append(PodResourcesChanged())
+        if moved_or_made and paths.pod_resources_socket and target == paths.pod_resources_socket:
+            out.append(PodResourcesChanged())
     return list(dict.fromkeys(out))

@@ -200,3 +200,54 @@ class DraMetrics:
         for op in DRA_SLICE_OPS:
             for result in ("success", "failure"):
                 self.slice_writes.labels(op, result)
+
+
+# --- pods holding units (podresources.py) ---------------------------------------------
+
+POD_RESOURCES_RESULTS = ("success", "unavailable", "timeout", "error")
+
+
+class PodResourcesMetrics:
+    """The series of podresources.py, on the daemon's registry; made only when it runs.
+
+    ``pod_units`` names pods: bounded by podresources.MAX_SERIES, what is over it counted.
+    Its ``namespace``, ``pod`` and ``container`` labels are the consumer's; the chart's
+    ServiceMonitor and PodMonitor honour them over the scrape target's.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.pod_units = Gauge(
+            f"{PREFIX}_pod_units",
+            "Units of the resource a pod's container holds, as the kubelet's PodResources API lists them.",
+            ["resource_name", "namespace", "pod", "container"],
+            registry=r,
+        )
+        self.pods_holding = Gauge(
+            f"{PREFIX}_pods_holding_units", "Pods holding units of the resource.", ["resource_name"], registry=r
+        )
+        self.pods_on_unhealthy_device = Gauge(
+            f"{PREFIX}_pods_on_unhealthy_device",
+            "Pods holding units of the resource while its device nodes are absent (Unhealthy).",
+            ["resource_name"],
+            registry=r,
+        )
+        self.series_dropped = Gauge(
+            f"{PREFIX}_pod_units_series_dropped",
+            "Containers holding units that have no pod_units series: over the bound.",
+            registry=r,
+        )
+        self.requests = Counter(
+            f"{PREFIX}_pod_resources_requests",
+            "PodResources List calls to the kubelet, by result.",
+            ["result"],
+            registry=r,
+        )
+        for result in POD_RESOURCES_RESULTS:
+            self.requests.labels(result)
+        self.duration = Histogram(
+            f"{PREFIX}_pod_resources_duration_seconds",
+            "Time a PodResources List call took.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )

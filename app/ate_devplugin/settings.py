@@ -35,10 +35,19 @@ DEFAULTS = {
     "registry_dir": "/var/lib/kubelet/plugins_registry",
     "dra_dir": "/var/lib/kubelet/plugins/" + DRA_DRIVER,
     "dra_slots": "32",
+    # Which pods hold units, from the kubelet's PodResources API: on or off (off: the
+    # fallback Lists cost measurable idle CPU, see README); its socket
+    # (empty: pod-resources/kubelet.sock next to the plugin directory); the fallback
+    # interval in seconds (0: only on the kubelet's checkpoint writes and health changes).
+    "pod_resources": "off",
+    "pod_resources_socket": "",
+    "pod_resources_interval": "60",
 }
 LOG_FORMATS = ("auto", "json", "text")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 KUBELET_SOCKET = "kubelet.sock"
+POD_RESOURCES_DIR = "pod-resources"  # next to the device-plugins directory in the kubelet's root
+MAX_INTERVAL_S = 86400.0
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,9 @@ class Timing:
     shutdown_deadline_s: float = 3.0
     # ... and spans flushed within this long (5 s in all, the chart grants 10 s).
     trace_flush_s: float = 1.5
+    # PodResources: at most one List this often while events keep coming, each this long at most.
+    pod_resources_debounce_s: float = 0.5
+    pod_resources_timeout_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -85,6 +97,10 @@ class Settings:
     registry_dir: str = DEFAULTS["registry_dir"]
     dra_dir: str = DEFAULTS["dra_dir"]
     dra_slots: int = int(DEFAULTS["dra_slots"])
+    # --- which pods hold units (PodResources) ---
+    pod_resources: bool = False
+    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    pod_resources_interval_s: float = 60.0
 
     @property
     def device_plugin(self) -> bool:
@@ -151,6 +167,15 @@ def resolve(flags: Mapping[str, str | None], env: Mapping[str, str]) -> Settings
     slots = pick("dra_slots")
     if not slots.isdigit() or not 1 <= int(slots) <= MAX_DRA_SLOTS:
         raise ConfigError("dra_slots", f"must be an integer from 1 to {MAX_DRA_SLOTS} (got {slots!r})")
+    pod_resources = pick("pod_resources").lower()
+    if pod_resources not in ("on", "off"):
+        raise ConfigError("pod_resources", f"must be on or off (got {pod_resources!r})")
+    pod_socket = pick("pod_resources_socket") or os.path.join(
+        os.path.dirname(plugin_dir), POD_RESOURCES_DIR, KUBELET_SOCKET
+    )
+    if not pod_socket.startswith("/"):
+        raise ConfigError("pod_resources_socket", f"must be an absolute path (got {pod_socket!r})")
+    interval = _seconds(pick("pod_resources_interval"), "pod_resources_interval")
     return Settings(
         config=Path(config).absolute() if config else None,
         device_root=device_root,
@@ -165,6 +190,9 @@ def resolve(flags: Mapping[str, str | None], env: Mapping[str, str]) -> Settings
         registry_dir=_absolute_dir(pick("registry_dir"), "registry_dir"),
         dra_dir=_absolute_dir(pick("dra_dir"), "dra_dir"),
         dra_slots=int(slots),
+        pod_resources=pod_resources == "on",
+        pod_resources_socket=os.path.normpath(pod_socket),
+        pod_resources_interval_s=interval,
     )
 
 
@@ -179,3 +207,13 @@ def _address(value: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError("metrics_address", f"must be HOST:PORT with a port from 0 to 65535 (got {value!r})")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _seconds(value: str, name: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= MAX_INTERVAL_S:  # also refuses nan
+        raise ConfigError(name, f"must be a number of seconds from 0 to {MAX_INTERVAL_S:.0f} (got {value!r})")
+    return seconds

@@ -10,9 +10,12 @@ rules come from the daemon's model (_deviceconfig.tpl, generated).
 {{- fail (printf "hostPaths.%s %q contains '..'; give the plain absolute path" $k $v) -}}
 {{- end -}}
 {{- end -}}
+{{- if regexMatch "(^|/)\\.\\.(/|$)" .Values.podResources.hostPath -}}
+{{- fail (printf "podResources.hostPath %q contains '..'; give the plain absolute path" .Values.podResources.hostPath) -}}
+{{- end -}}
 {{- range .Values.daemon.extraArgs -}}
-{{- if regexMatch "^--(config|device-root|plugin-dir|metrics-address|log-format|log-level|cdi-dir)(=|$)" . -}}
-{{- fail (printf "daemon.extraArgs: %q is set by the chart; use the matching value instead (deviceConfig, hostPaths, metrics, daemon.logFormat, daemon.logLevel)" .) -}}
+{{- if regexMatch "^--(config|device-root|plugin-dir|metrics-address|log-format|log-level|cdi-dir|pod-resources[a-z-]*)(=|$)" . -}}
+{{- fail (printf "daemon.extraArgs: %q is set by the chart; use the matching value instead (deviceConfig, hostPaths, metrics, daemon.logFormat, daemon.logLevel, podResources)" .) -}}
 {{- end -}}
 {{- end -}}
 {{- if and (include "ate-devplugin.dra" .) (semverCompare "<1.34-0" .Capabilities.KubeVersion.Version) -}}

@@ -119,7 +119,8 @@ def test_daemonset_security(helm: Helm, ci_values: Path) -> None:
 
     # The socket directory (rw) and /dev (ro, as the device root); the CDI spec directory
     # (rw) when a resource answers with CDI or the daemon is a DRA driver; the DRA driver's
-    # two directories.
+    # two directories; the kubelet's pod-resources directory (ro) only while pods holding
+    # units are read.
     host_paths = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
     values = yaml.safe_load(ci_values.read_text()) or {}
     resources = values.get("deviceConfig", {}).get("resources", [])
@@ -128,6 +129,7 @@ def test_daemonset_security(helm: Helm, ci_values: Path) -> None:
         or any(r.get("allocate", "devices") != "devices" for r in resources)
         or mode != "device-plugin"
     )
+    pod_resources = values.get("podResources", {}).get("enabled", False)
     dra_paths = {"dra-registry", "dra-plugin"}
     if mode != "device-plugin":
         assert {n: host_paths.pop(n)["path"] for n in dra_paths} == {
@@ -135,7 +137,9 @@ def test_daemonset_security(helm: Helm, ci_values: Path) -> None:
             "dra-plugin": "/var/lib/kubelet/plugins/ate.dev",
         }
     expected = {"host-dev"} if mode == "dra" else {"device-plugins", "host-dev"}
-    assert set(host_paths) == expected | ({"cdi"} if uses_cdi else set())
+    assert set(host_paths) == expected | ({"cdi"} if uses_cdi else set()) | (
+        {"pod-resources"} if pod_resources else set()
+    )
     assert host_paths["host-dev"]["path"] == "/dev"
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     assert mounts["host-dev"]["mountPath"] == "/host/dev"
@@ -155,6 +159,14 @@ def test_daemonset_security(helm: Helm, ci_values: Path) -> None:
         assert host_paths["cdi"] == {"path": cdi_dir, "type": "DirectoryOrCreate"}
         assert mounts["cdi"]["mountPath"] == cdi_dir
         assert not mounts["cdi"].get("readOnly")
+    if pod_resources:
+        assert mounts["pod-resources"]["readOnly"] is True
+        assert mounts["pod-resources"]["mountPath"] == host_paths["pod-resources"]["path"]
+        assert host_paths["pod-resources"]["path"].endswith("/pod-resources")
+        assert f"--pod-resources-socket={host_paths['pod-resources']['path']}/kubelet.sock" in c["args"]
+        assert "--pod-resources=on" in c["args"]
+    else:
+        assert "--pod-resources=off" in c["args"]
 
     strategy = ds["spec"]["updateStrategy"]
     if strategy["type"] == "RollingUpdate":

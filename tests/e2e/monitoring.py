@@ -21,8 +21,9 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -135,8 +136,12 @@ def _snake(relabeling: Mapping[str, Any]) -> dict[str, Any]:
 class ServiceMonitorConfig(PrometheusConfig):
     """What the operator generates for one ServiceMonitor endpoint (discovery: see above)."""
 
-    def __init__(self, monitor: dict[str, Any], discovery_url: str, scrape_interval: str = "2s") -> None:
-        super().__init__(scrape_interval=scrape_interval, evaluation_interval=scrape_interval, exemplars=False)
+    def __init__(
+        self, monitor: dict[str, Any], discovery_url: str, scrape_interval: str = "2s", rule_files: Sequence[Path] = ()
+    ) -> None:
+        super().__init__(
+            scrape_interval=scrape_interval, evaluation_interval=scrape_interval, exemplars=False, rule_files=rule_files
+        )
         self.monitor = monitor
         self.discovery_url = discovery_url
 
@@ -161,8 +166,10 @@ class ServiceMonitorConfig(PrometheusConfig):
         return {
             "global": {"scrape_interval": self.scrape_interval, "scrape_timeout": self.scrape_interval,
                        "evaluation_interval": self.evaluation_interval},
+            "rule_files": [str(p) for p in self.rule_files],
             "scrape_configs": [{
                 "job_name": f"serviceMonitor/{meta['namespace']}/{meta['name']}/0",
+                "honor_labels": bool(endpoint.get("honorLabels", False)),
                 "metrics_path": endpoint.get("path", "/metrics"),
                 "scheme": endpoint.get("scheme", "http"),
                 "http_sd_configs": [{"url": self.discovery_url, "refresh_interval": "2s"}],

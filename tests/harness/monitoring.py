@@ -10,6 +10,7 @@ device manager (:mod:`tests.harness.kubelet`, the Go bench) in a private mount n
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,24 @@ ALERTS_FILE = REPO / "chart" / "files" / "alerts.yaml"
 KVM_CONFIG = f"resources:\n  - name: {RESOURCE}\n    devices: [/dev/kvm]\n"
 # The kubelet calls GetPreferredAllocation only where a resource asks for it.
 PREFERRED_CONFIG = KVM_CONFIG + "    preferred_allocation: true\n"
+
+
+# Series of a daemon reading the kubelet's PodResources API: off by default, and the
+# kubelet bench embeds the device manager alone. The queries that read them are run against
+# the real one-node cluster, with it on and a pod holding the device, by
+# tests/e2e/test_pods_holding_units.py.
+POD_RESOURCES_SERIES = (
+    "ate_devplugin_pod_units",
+    "ate_devplugin_pods_holding_units",
+    "ate_devplugin_pods_on_unhealthy_device",
+    "ate_devplugin_pod_units_series_dropped",
+    "ate_devplugin_pod_resources_requests_total",
+    "ate_devplugin_pod_resources_duration_seconds",
+)
+
+
+def reads_pod_resources(expr: str) -> bool:
+    return any(re.search(rf"\b{name}\b", expr) for name in POD_RESOURCES_SERIES)
 
 
 def write_atomically(path: Path, text: str) -> None:

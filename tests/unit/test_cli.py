@@ -56,6 +56,11 @@ def test_bad_config_exits_2_with_one_line(tmp_path: Path, command: str) -> None:
         (["--plugin-dir", "/" + "p" * 100], {}, "resources[0].name"),
         (["--cdi-dir", "run/cdi"], {}, "cdi_dir"),
         ([], {"ATE_DEVPLUGIN_CDI_DIR": "cdi"}, "cdi_dir"),
+        (["--pod-resources", "yes"], {}, "pod_resources"),
+        (["--pod-resources-socket", "kubelet.sock"], {}, "pod_resources_socket"),
+        ([], {"ATE_DEVPLUGIN_POD_RESOURCES_INTERVAL": "-1"}, "pod_resources_interval"),
+        (["--pod-resources-interval", "nan"], {}, "pod_resources_interval"),
+        (["--pod-resources-interval", "soon"], {}, "pod_resources_interval"),
     ],
 )
 def test_bad_settings_exit_2(args: list[str], env: dict[str, str], field: str) -> None:
@@ -92,3 +97,23 @@ def test_bad_cdi_settings_exit_2_naming_the_field(tmp_path: Path, resource: str,
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1
     assert result.stderr.startswith(f"ate-devplugin: config error: {field}:"), result.stderr
+
+
+def test_pod_resources_settings() -> None:
+    from ate_devplugin.settings import resolve
+
+    default = resolve({}, {})
+    assert not default.pod_resources
+    assert default.pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert default.pod_resources_interval_s == 60
+    # The socket follows the kubelet's root unless given.
+    assert resolve({"plugin_dir": "/k/device-plugins"}, {}).pod_resources_socket == "/k/pod-resources/kubelet.sock"
+    given = resolve(
+        {"pod_resources_interval": "0"},
+        {"ATE_DEVPLUGIN_POD_RESOURCES": "ON", "ATE_DEVPLUGIN_POD_RESOURCES_SOCKET": "/run/pr.sock"},
+    )
+    assert (given.pod_resources, given.pod_resources_socket, given.pod_resources_interval_s) == (
+        True,
+        "/run/pr.sock",
+        0,
+    )

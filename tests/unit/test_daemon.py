@@ -32,12 +32,15 @@ def found(config: ResourceConfig, root: str) -> Discovery:
 
 
 class Setup:
-    def __init__(self, tmp_path: Path, config: str | None = None, **timing: float) -> None:
+    def __init__(
+        self, tmp_path: Path, config: str | None = None, flags: dict[str, str] | None = None, **timing: float
+    ) -> None:
         (tmp_path / "plugins").mkdir()
         flags = {
             "device_root": str(tmp_path / "dev"),
             "plugin_dir": str(tmp_path / "plugins"),
             "cdi_dir": str(tmp_path / "cdi"),
+            **(flags or {}),
         }
         if config is not None:
             (tmp_path / "etc").mkdir()

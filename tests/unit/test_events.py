@@ -11,6 +11,7 @@ from ate_devplugin.events import (
     Event,
     KubeletSocketCreated,
     Paths,
+    PodResourcesChanged,
     SocketGone,
     matters,
     route,
@@ -80,3 +81,49 @@ def test_only_sockets_and_directories_matter_in_the_quiet_directory(
     event: FsEvent, quiet_dir: str | None, kept: bool
 ) -> None:
     assert matters(event, quiet_dir) is kept
+
+
+def test_the_checkpoint_matters_while_pods_are_read() -> None:
+    checkpoint = f"{D}/kubelet_internal_checkpoint"
+    renamed = fs("moved", f"{D}/.kubelet_internal_checkpoint.tmp", checkpoint)
+    assert matters(renamed, D, also=checkpoint)
+    assert matters(fs("closed", checkpoint), D, also=checkpoint)
+    assert not matters(fs("created", f"{D}/.kubelet_internal_checkpoint.tmp"), D, also=checkpoint)
+
+
+POD_PATHS = Paths(
+    kubelet_socket=PATHS.kubelet_socket,
+    sockets={},
+    config=None,
+    checkpoint=f"{D}/kubelet_internal_checkpoint",
+    pod_resources_socket="/var/lib/kubelet/pod-resources/kubelet.sock",
+)
+POD_ROWS: list[tuple[str, list[FsEvent], list[Event]]] = [
+    (
+        "checkpoint rewritten (temp file renamed over it)",
+        [
+            fs("created", f"{D}/.tmp1"),
+            fs("closed", f"{D}/.tmp1"),
+            fs("moved", f"{D}/.tmp1", f"{D}/kubelet_internal_checkpoint"),
+        ],
+        [PodResourcesChanged()],
+    ),
+    ("checkpoint written in place", [fs("closed", f"{D}/kubelet_internal_checkpoint")], [PodResourcesChanged()]),
+    ("checkpoint removed: nothing", [fs("deleted", f"{D}/kubelet_internal_checkpoint")], []),
+    (
+        "PodResources socket made anew",
+        [fs("created", "/var/lib/kubelet/pod-resources/kubelet.sock")],
+        [PodResourcesChanged()],
+    ),
+    ("PodResources socket gone: nothing", [fs("deleted", "/var/lib/kubelet/pod-resources/kubelet.sock")], []),
+]
+
+
+@pytest.mark.parametrize(("why", "batch", "expected"), POD_ROWS, ids=[r[0] for r in POD_ROWS])
+def test_route_pod_resources(why: str, batch: list[FsEvent], expected: list[Event]) -> None:
+    assert route(batch, POD_PATHS) == expected, why
+
+
+def test_pods_not_read_no_pod_events() -> None:
+    paths = Paths(kubelet_socket=PATHS.kubelet_socket, sockets={}, config=None)
+    assert route([fs("moved", f"{D}/.tmp", f"{D}/kubelet_internal_checkpoint")], paths) == []

@@ -2,10 +2,11 @@
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 GENERATED = ROOT / "app/ate_devplugin/api"
-PACKAGES = ("v1beta1", "pluginregistration", "dra/v1", "dra/v1beta1")
+PACKAGES = ("v1beta1", "pluginregistration", "dra/v1", "dra/v1beta1", "podresources/v1")
 
 
 def test_generated_code_matches_proto(tmp_path: Path) -> None:
@@ -74,3 +75,23 @@ def test_dra_wire_names_are_the_kubelets() -> None:
     device = {"request_names": 1, "pool_name": 2, "device_name": 3, "cdi_device_ids": 4}
     assert {f.name: f.number for f in v1beta1.Device.DESCRIPTOR.fields} == device
     assert {f.name: f.number for f in v1.Device.DESCRIPTOR.fields} == {**device, "share_id": 5}
+
+
+def test_pod_resources_wire_names_are_the_kubelets() -> None:
+    from ate_devplugin.api.podresources.v1 import api_pb2 as pb
+
+    assert pb.DESCRIPTOR.package == "v1"
+    (service,) = pb.DESCRIPTOR.services_by_name.values()
+    assert service.full_name == "v1.PodResourcesLister"
+    assert [m.name for m in service.methods] == ["List", "GetAllocatableResources", "Get"]
+    numbers: dict[Any, dict[str, int]] = {
+        pb.ListPodResourcesResponse: {"pod_resources": 1},
+        pb.PodResources: {"name": 1, "namespace": 2, "containers": 3},
+        pb.ContainerResources: {"name": 1, "devices": 2, "cpu_ids": 3, "memory": 4, "dynamic_resources": 5},
+        pb.ContainerDevices: {"resource_name": 1, "device_ids": 2, "topology": 3},
+        pb.DynamicResource: {"claim_name": 2, "claim_namespace": 3, "claim_resources": 4},
+        pb.ClaimResource: {"cdi_devices": 1, "driver_name": 2, "pool_name": 3, "device_name": 4, "share_id": 5},
+        pb.GetPodResourcesRequest: {"pod_name": 1, "pod_namespace": 2},
+    }
+    for message, fields in numbers.items():
+        assert {f.name: f.number for f in message.DESCRIPTOR.fields} == fields, message.DESCRIPTOR.name
