@@ -32,7 +32,8 @@ unit:
 	$(PYTHON) -m pytest tests/unit -q
 
 # The unit tests as an unprivileged user (nobody), on a copy of the sources with a private
-# HOME and tmp. CI is unset there: what needs root (one real-mknod test) is skipped, and run
+# HOME and tmp (a short --basetemp: the tests' unix socket paths must stay under 108 bytes).
+# CI is unset there: what needs root (one real-mknod test) is skipped, and run
 # by `make test` as root.
 unit-nonroot: $(NONROOT_VENV)/.installed
 	tmp=$$(mktemp -d) && chmod 755 "$$tmp" && \
@@ -41,7 +42,7 @@ unit-nonroot: $(NONROOT_VENV)/.installed
 	setpriv --reuid=65534 --regid=65534 --clear-groups \
 		env -u CI HOME="$$tmp" TMPDIR="$$tmp" PYTHONPATH="$$tmp/app" PATH="$(NONROOT_VENV)/bin:$$PATH" \
 		COVERAGE_FILE="$$tmp/.coverage" HYPOTHESIS_STORAGE_DIRECTORY="$$tmp/hypothesis" PYTHONDONTWRITEBYTECODE=1 \
-		$(NONROOT_VENV)/bin/python -m pytest tests/unit -q -p no:cacheprovider \
+		$(NONROOT_VENV)/bin/python -m pytest tests/unit -q -p no:cacheprovider --basetemp="$$tmp/t" \
 		--cov --cov-report=term --cov-fail-under=$(UNIT_COVERAGE_FLOOR); \
 	rc=$$?; rm -rf "$$tmp"; exit $$rc
 
