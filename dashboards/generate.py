@@ -11,7 +11,9 @@ right, wrapping at Grafana's 24 columns (keep a row's widths adding up to lines 
 To add a panel: append a ``stat``, ``timeseries``, ``state_timeline`` or ``table`` call to
 its row in ``fleet()`` or ``node()``, run this file and tools/sync-chart-files.py (the
 chart ships a copy). The live test runs the new query against the fleet scenario of
-tests/harness/monitoring.py, so the scenario must produce the series it reads.
+tests/harness/monitoring.py, so the scenario must produce the series it reads; queries on
+the DRA driver's series (ate_devplugin_dra_*, in the collapsed "DRA driver" rows) are run by
+tests/e2e/test_dra.py instead, as the PodResources ones are by test_pods_holding_units.py.
 
 tests/dashboards/test_dashboards.py fails when the committed JSON drifts from this code,
 checks the conventions (datasource variable, units, $__rate_interval, stable uids, no
