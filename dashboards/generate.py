@@ -11,7 +11,9 @@ right, wrapping at Grafana's 24 columns (keep a row's widths adding up to lines 
 To add a panel: append a ``stat``, ``timeseries``, ``state_timeline`` or ``table`` call to
 its row in ``fleet()`` or ``node()``, run this file and tools/sync-chart-files.py (the
 chart ships a copy). The live test runs the new query against the fleet scenario of
-tests/harness/monitoring.py, so the scenario must produce the series it reads.
+tests/harness/monitoring.py, so the scenario must produce the series it reads; queries on
+the DRA driver's series (ate_devplugin_dra_*, in the collapsed "DRA driver" rows) are run by
+tests/e2e/test_dra.py instead, as the PodResources ones are by test_pods_holding_units.py.
 
 tests/dashboards/test_dashboards.py fails when the committed JSON drifts from this code,
 checks the conventions (datasource variable, units, $__rate_interval, stable uids, no
@@ -332,7 +334,9 @@ def dashboard(
     *,
     multi_node: bool,
     annotations: Sequence[Annotation] = (),
+    collapsed: Sequence[tuple[str, Sequence[Panel]]] = (),
 ) -> m.Dashboard:
+    """``rows`` open, then ``collapsed`` rows (closed until clicked: a mode many nodes do not run)."""
     board = (
         db.Dashboard(title)
         .uid(uid)
@@ -365,8 +369,14 @@ def dashboard(
         board.with_row(db.Row(row_title).collapsed(False))
         for panel in panels:
             board.with_panel(panel)
+    for row_title, panels in collapsed:
+        row = db.Row(row_title).collapsed(True)
+        for panel in panels:
+            row.with_panel(panel)
+        board.with_row(row)
     built = board.build()
-    for panel_id, panel_or_row in enumerate(built.panels or [], start=1):
+    every = [p for top in built.panels or [] for p in [top, *(getattr(top, "panels", None) or [])]]
+    for panel_id, panel_or_row in enumerate(every, start=1):
         panel_or_row.id_val = panel_id  # Grafana keeps ids unique; stable ones keep the JSON stable
     return built
 
@@ -665,6 +675,7 @@ def fleet() -> m.Dashboard:
             ("Pods", fleet_pods()),
         ],
         multi_node=True,
+        collapsed=[("DRA driver", fleet_dra())],
     )
 
 
@@ -897,6 +908,7 @@ def node() -> m.Dashboard:
             ("Pods", node_pods()),
         ],
         multi_node=False,
+        collapsed=[("DRA driver", node_dra())],
         annotations=[
             annotation(
                 "Kubelet restarts",
@@ -1008,6 +1020,104 @@ def node_pods() -> list[Panel]:
             ],
             "short",
             width=12,
+            bars=True,
+        ),
+    ]
+
+
+# --- the DRA driver (dra.mode dra or both) ---------------------------------------------
+
+IN_SYNC = value_map((0, "out of sync", RED), (1, "in sync", GREEN))
+
+
+def fleet_dra() -> list[Panel]:
+    return [
+        state_timeline(
+            "DRA slices in sync, by node",
+            "Per node running the DRA driver: whether its ResourceSlices match its devices. Out of sync: a "
+            "write to the API server is failing, so the scheduler sees stale devices; alert "
+            "AteDevpluginDraSlicesOutOfSync fires after 10 minutes. Node / ResourceSlice writes, by op and "
+            "result shows which write fails.",
+            [target(f"min by (node) (ate_devplugin_dra_slices_in_sync{{{DAEMON}}})", "{{node}}")],
+            IN_SYNC,
+            width=24,
+        ),
+    ]
+
+
+def node_dra() -> list[Panel]:
+    return [
+        stat(
+            "DRA registered",
+            "Whether the kubelet accepted the DRA driver's registration through its plugin registry.",
+            [target(f"max(ate_devplugin_dra_registered{{{DAEMON}}})", "registered")],
+            steps=OK_IF_POSITIVE,
+            mappings=REGISTERED,
+            width=6,
+        ),
+        stat(
+            "Prepared claims",
+            "ResourceClaims prepared on this node and not yet unprepared: pods holding a device through DRA.",
+            [target(f"sum(ate_devplugin_dra_claims_prepared{{{DAEMON}}})", "prepared")],
+            "short",
+            width=6,
+        ),
+        stat(
+            "Slice devices",
+            "Devices this node publishes in its ResourceSlices, per resource (the slots of each resource).",
+            [target(f"max by (resource_name) (ate_devplugin_dra_slice_devices{{{DAEMON}}})", "{{resource_name}}")],
+            "short",
+            width=6,
+        ),
+        stat(
+            "Slices in sync",
+            "Whether the published ResourceSlices match the node's devices; out of sync while a write fails "
+            "(alert AteDevpluginDraSlicesOutOfSync).",
+            [target(f"min(ate_devplugin_dra_slices_in_sync{{{DAEMON}}})", "in sync")],
+            steps=OK_IF_POSITIVE,
+            mappings=IN_SYNC,
+            width=6,
+        ),
+        timeseries(
+            "DRA claims, by method and result",
+            "Claims handled in NodePrepareResources and NodeUnprepareResources calls, by result. Errors leave "
+            "the pod waiting in ContainerCreating; the daemon's log names the claim.",
+            [
+                target(
+                    f"sum by (method, result) (increase(ate_devplugin_dra_claims_total{{{DAEMON}}}[$__rate_interval]))",
+                    "{{method}} {{result}}",
+                )
+            ],
+            "short",
+            width=8,
+            bars=True,
+        ),
+        timeseries(
+            "DRA call latency",
+            "99th percentile time to answer the kubelet's NodePrepareResources and NodeUnprepareResources calls.",
+            [
+                target(
+                    "histogram_quantile(0.99, sum by (method, le) "
+                    f"(rate(ate_devplugin_dra_call_duration_seconds_bucket{{{DAEMON}}}[$__rate_interval])))",
+                    "p99 {{method}}",
+                )
+            ],
+            "s",
+            width=8,
+        ),
+        timeseries(
+            "ResourceSlice writes, by op and result",
+            "Creates, updates and deletes of this node's ResourceSlices, by result. A write after start is "
+            "expected on device changes and kubelet restarts; repeated failures keep the slices out of sync.",
+            [
+                target(
+                    f"sum by (op, result) "
+                    f"(increase(ate_devplugin_dra_slice_writes_total{{{DAEMON}}}[$__rate_interval]))",
+                    "{{op}} {{result}}",
+                )
+            ],
+            "short",
+            width=8,
             bars=True,
         ),
     ]

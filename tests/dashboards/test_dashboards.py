@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness.monitoring import RESOURCE, FleetScenario, reads_pod_resources
+from tests.harness.monitoring import RESOURCE, FleetScenario, reads_dra, reads_pod_resources
 from tests.harness.prometheus import Prometheus, PrometheusError
 from tests.harness.wait import wait_until
 
@@ -256,6 +256,8 @@ def test_every_query_returns_data(fleet: FleetScenario, name: str, node: str) ->
     for where, expr, instant in queries(ALL[name]):
         if reads_pod_resources(expr):
             continue  # PodResources off, none in the bench: tests/e2e/test_pods_holding_units.py runs these
+        if reads_dra(expr):
+            continue  # device-plugin mode in the bench: tests/e2e/test_dra.py runs these
         filled = substitute(expr, node)
         problem = has_data(prom, filled, instant, fleet.started, end)
         checked += 1

@@ -2,23 +2,36 @@
 ``dra.mode=dra``, and non-root pods that get /dev/kvm through a ResourceClaimTemplate for
 the chart's DeviceClass. The daemon registers through the kubelet's plugin registry,
 publishes the node's slots as ResourceSlices, and answers NodePrepareResources with the
-resource's CDI device, whose spec gives the node mode 0666 in the container.
+resource's CDI device, whose spec gives the node mode 0666 in the container. A real
+Prometheus scrapes the daemon through the chart's ServiceMonitor, and every dashboard query
+on the DRA series is run against it while two pods hold claims.
 
 The tests run in file order and share one release, removed by the uninstall test.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import math
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.cluster import API_PORT_ON_BRIDGE, CDI_SPEC_DIR, NODE, NODE_IP, Cluster, wait_until
+from tests.e2e.cluster import API_PORT_ON_BRIDGE, CDI_SPEC_DIR, NODE, NODE_IP, Cluster, ClusterError, wait_until
+from tests.e2e.monitoring import (
+    EndpointsDiscovery,
+    SandboxPrometheus,
+    ServiceMonitorConfig,
+    dashboard_queries,
+    fill,
+    rendered_service_monitor,
+)
 from tests.e2e.userpath import (
     NAMESPACE,
     RELEASE,
@@ -33,6 +46,9 @@ from tests.e2e.userpath import (
     sample,
     wait_plugin_ready,
 )
+from tests.harness.monitoring import reads_dra
+
+REPO = Path(__file__).resolve().parents[2]
 
 KVM_API_VERSION = 12
 DRIVER = "ate.dev"
@@ -102,6 +118,44 @@ def installed(cluster_containerd2: Cluster, helm_containerd2: Helm) -> Iterator[
     finally:
         if helm_containerd2.run("status", RELEASE, "-n", NAMESPACE, check=False).returncode == 0:
             helm_containerd2.uninstall()
+
+
+@pytest.fixture(scope="module")
+def prometheus(cluster_containerd2: Cluster, helm_containerd2: Helm, installed: None) -> Iterator[SandboxPrometheus]:
+    monitor = rendered_service_monitor(str(helm_containerd2.path))
+    discovery = EndpointsDiscovery(cluster_containerd2, monitor["spec"]["namespaceSelector"]["matchNames"][0])
+    discovery.start()
+    prom = SandboxPrometheus(cluster_containerd2, ServiceMonitorConfig(monitor, discovery.url))
+    try:
+        prom.start()
+        yield prom
+    finally:
+        prom.stop()
+        discovery.stop()
+
+
+def dra_panel_results(prometheus: SandboxPrometheus) -> dict[str, list[float]]:
+    """Each dashboard query that reads the DRA series, over the time Prometheus has run (as a
+    panel draws it): {where: its finite values}."""
+    values = {"$__rate_interval": "1m", "$__range": "1h", "$job": "ate-devplugin", "$node": NODE,
+              "$resource": RESOURCE.replace(".", "\\\\.")}  # fmt: skip
+    end = time.time()
+    found = {}
+    for path in sorted((REPO / "dashboards").glob("*.json")):
+        for where, expr, instant in dashboard_queries(json.loads(path.read_text())):
+            if not reads_dra(expr):
+                continue
+            query = fill(expr, values)
+            if instant:
+                got = [s.value for s in prometheus.query(query, at=end)]
+            else:
+                got = [
+                    v
+                    for series in prometheus.query_range(query, prometheus.started_at, end, 2)
+                    for _, v in series.values
+                ]
+            found[f"{path.stem} {where}: {query}"] = [v for v in got if math.isfinite(v)]
+    return found
 
 
 def test_kubernetes_1_35_drops_multiple_allocations(cluster_containerd2: Cluster) -> None:
@@ -180,9 +234,13 @@ def _report(cluster: Cluster, name: str) -> Callable[[], dict[str, Any] | None]:
     return lambda: holder_report(cluster, name)
 
 
-def test_two_pods_hold_kvm_at_once_and_deleting_them_unprepares(cluster_containerd2: Cluster, installed: None) -> None:
+def test_two_pods_hold_kvm_at_once_the_dra_panels_show_them_and_deleting_them_unprepares(
+    cluster_containerd2: Cluster, installed: None, prometheus: SandboxPrometheus
+) -> None:
     before = plugin_metrics(cluster_containerd2)
     unprepared = sample(before, "ate_devplugin_dra_claims_total", method="NodeUnprepareResources", result="success")
+    # Scraped before the prepare calls, so that their counts and latencies show as increases.
+    prometheus.wait_for("ate_devplugin_dra_claims_prepared == 0", timeout=120)
     pods = [holder("dra-share-a"), holder("dra-share-b")]
     names = [p["metadata"]["name"] for p in pods]
     for pod in pods:
@@ -203,6 +261,22 @@ def test_two_pods_hold_kvm_at_once_and_deleting_them_unprepares(cluster_containe
         assert len(set(devices)) == 2
         assert all(d.startswith("ate-dev-kvm-") for d in devices)
         assert sample(plugin_metrics(cluster_containerd2), "ate_devplugin_dra_claims_prepared") == 2
+        # Every DRA panel, as the dashboards query it, while both claims are prepared.
+        prometheus.wait_for("ate_devplugin_dra_claims_prepared == 2", timeout=120)
+        results: dict[str, list[float]] = {}
+
+        def every_panel_with_data() -> bool:
+            results.update(dra_panel_results(prometheus))
+            return all(results.values())
+
+        with contextlib.suppress(ClusterError):
+            wait_until("every DRA panel query with data", every_panel_with_data, 120)
+        for where, found in results.items():
+            print(f"{where}\n    -> {len(found)} finite values, max {max(found, default=None)}, last {found[-1:]}")
+        assert len(results) >= 8
+        assert all(results.values()), "queries without data:\n" + "\n".join(k for k, v in results.items() if not v)
+        assert next(v for k, v in results.items() if "'Prepared claims'" in k)[-1] == 2
+        assert set(next(v for k, v in results.items() if "'DRA slices in sync, by node'" in k)) == {1}
     finally:
         for name in names:
             cluster_containerd2.kubectl("delete", "pod", "-n", WORKLOADS, name, "--wait=true", timeout=180)

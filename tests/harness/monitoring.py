@@ -55,6 +55,16 @@ def reads_pod_resources(expr: str) -> bool:
     return any(re.search(rf"\b{name}\b", expr) for name in POD_RESOURCES_SERIES)
 
 
+# Series of the DRA driver, all named ate_devplugin_dra_*: made only in dra.mode dra or
+# both, and the kubelet bench drives device-plugin mode. tests/e2e/test_dra.py runs the
+# queries that read them on the containerd 2 cluster while pods hold claims.
+DRA_SERIES = re.compile(r"\bate_devplugin_dra_\w+")
+
+
+def reads_dra(expr: str) -> bool:
+    return DRA_SERIES.search(expr) is not None
+
+
 def write_atomically(path: Path, text: str) -> None:
     """Replace ``path`` in one rename, as a ConfigMap update does."""
     tmp = path.with_name(f".{path.name}.tmp")
