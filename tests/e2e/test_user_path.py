@@ -46,7 +46,7 @@ from tests.e2e.userpath import (
     wait_plugin_ready,
     watch_exit_code,
 )
-from tests.harness.monitoring import reads_pod_resources
+from tests.harness.monitoring import reads_dra, reads_pod_resources
 
 REPO = Path(__file__).resolve().parents[2]
 KVM_API_VERSION = 12  # what KVM_GET_API_VERSION has returned since Linux 2.6.22
@@ -275,8 +275,8 @@ def test_every_dashboard_query_returns_data_from_the_cluster(cluster: Cluster, p
     empty, checked = [], 0
     for path in sorted((REPO / "dashboards").glob("*.json")):
         for where, expr, instant in dashboard_queries(json.loads(path.read_text())):
-            if reads_pod_resources(expr):
-                continue  # PodResources is off by default: test_pods_holding_units.py runs these
+            if reads_pod_resources(expr) or reads_dra(expr):
+                continue  # off by default: test_pods_holding_units.py and test_dra.py run these
             query = fill(expr, values)
             checked += 1
             if instant:
