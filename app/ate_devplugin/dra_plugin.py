@@ -25,11 +25,10 @@ from ate_devplugin.dra_registration import RegistrationServicer
 from ate_devplugin.dra_service import ClaimReader, DraDriver
 from ate_devplugin.dra_slices import SliceApi, SlicePublisher, slot_devices
 from ate_devplugin.metrics import DraMetrics
+from ate_devplugin.server import bind_socket
 from ate_devplugin.settings import DRA_DRIVER, Settings
 
 log = logging.getLogger(__name__)
-
-SOCKET_MODE = 0o600  # only the kubelet (root) calls us
 
 
 class ApiServer(ClaimReader, SliceApi, Protocol):
@@ -92,13 +91,7 @@ class DraPlugin:
 
     async def _serve(self, path: str, server: grpc.aio.Server) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)  # left by an instance that could not clean up
-        umask = os.umask(0o777 & ~SOCKET_MODE)
-        try:
-            server.add_insecure_port(f"unix:{path}")
-        finally:
-            os.umask(umask)
+        bind_socket(server, path)
         await server.start()
         self._servers.append((path, server))
 

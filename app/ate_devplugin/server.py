@@ -58,16 +58,7 @@ class PluginServer:
         server = grpc.aio.server()
         server.add_generic_rpc_handlers([device_plugin_handler(self.servicer)])
         try:
-            # A socket left by an earlier instance (killed before it could clean up)
-            # would make the bind fail; nobody else may own our socket's name.
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.socket_path)
-            # The socket is made with the mode the umask leaves: narrow it from the start.
-            umask = os.umask(0o777 & ~SOCKET_MODE)
-            try:
-                server.add_insecure_port(f"unix:{self.socket_path}")
-            finally:
-                os.umask(umask)
+            bind_socket(server, self.socket_path)
             await server.start()
             os.chmod(self.socket_path, SOCKET_MODE)
         except Exception as exc:
@@ -102,3 +93,19 @@ class PluginServer:
         done, _ = await asyncio.wait({stopping}, timeout=(grace or 0.0) + self.stop_margin)
         if not done:
             log.warning("gRPC server on %s did not stop in time: a client is not reading", self.socket_path)
+
+
+def bind_socket(server: grpc.aio.Server, path: str) -> None:
+    """Binds ``server`` to the unix socket ``path``, made with SOCKET_MODE from the start.
+
+    A socket left by an earlier instance (killed before it could clean up) would make the
+    bind fail; nobody else may own our socket's name. The socket gets the mode the umask
+    leaves, so the umask is narrowed around the bind.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    umask = os.umask(0o777 & ~SOCKET_MODE)
+    try:
+        server.add_insecure_port(f"unix:{path}")
+    finally:
+        os.umask(umask)
