@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import grpc
 
-from ate_devplugin.api.pluginregistration import api_pb2 as pb
-from ate_devplugin.api.pluginregistration import api_pb2_grpc
+from ate_devplugin.api.pluginregistration.v1 import api_pb2 as pb
+from ate_devplugin.api.pluginregistration.v1 import api_pb2_grpc
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Protocol
 from opentelemetry.context import Context
 from opentelemetry.trace import Tracer
 
-from ate_devplugin.api.v1beta1 import api_pb2 as pb
+from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
 from ate_devplugin.registration import register
 
 # (st_dev, st_ino, st_mtime_ns) of a socket file.

@@ -8,8 +8,8 @@ import grpc
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Tracer
 
-from ate_devplugin.api.v1beta1 import api_pb2 as pb
-from ate_devplugin.api.v1beta1 import api_pb2_grpc
+from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
+from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2_grpc
 from ate_devplugin.tracing import rpc_span, set_rpc_status
 
 API_VERSION = "v1beta1"

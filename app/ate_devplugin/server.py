@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 from google.protobuf.message_factory import GetMessageClass
 
-from ate_devplugin.api.v1beta1 import api_pb2 as pb
+from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
 from ate_devplugin.ports import SocketId, socket_identity
 from ate_devplugin.servicer import DevicePluginServicer
 

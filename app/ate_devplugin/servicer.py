@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import grpc
 from opentelemetry.trace import NoOpTracer, SpanKind, Tracer
 
-from ate_devplugin.api.v1beta1 import api_pb2 as pb
+from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
 from ate_devplugin.cdi import device_id
 from ate_devplugin.config import ALLOCATE_CDI, ResourceConfig
 from ate_devplugin.devices import DeviceNode

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from opentelemetry.context import Context
 
 from ate_devplugin.agent import Ports
-from ate_devplugin.api.v1beta1 import api_pb2 as pb
+from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
 from ate_devplugin.inventory import ResourceState
 from ate_devplugin.ports import SocketId
 from ate_devplugin.registration import RegistrationError

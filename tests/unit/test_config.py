@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from ate_devplugin.api.v1beta1 import api_pb2 as pb
+from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
 from ate_devplugin.config import (
     DEFAULT_UNITS,
     MAX_CONFIG_BYTES,

@@ -20,7 +20,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ate_devplugin.api.v1beta1 import api_pb2 as pb
+from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
 from ate_devplugin.config import MAX_MESSAGE_BYTES, ConfigError, ResourceConfig, max_units, parse_resources
 
 EXAMPLES = int(os.environ.get("ATE_FUZZ_EXAMPLES", "300"))

@@ -15,8 +15,8 @@ from ate_devplugin.api.dra.v1 import api_pb2 as v1
 from ate_devplugin.api.dra.v1 import api_pb2_grpc as v1_grpc
 from ate_devplugin.api.dra.v1beta1 import api_pb2 as v1beta1
 from ate_devplugin.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from ate_devplugin.api.pluginregistration import api_pb2 as reg
-from ate_devplugin.api.pluginregistration import api_pb2_grpc as reg_grpc
+from ate_devplugin.api.pluginregistration.v1 import api_pb2 as reg
+from ate_devplugin.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from ate_devplugin.config import DEFAULT_RESOURCES
 from ate_devplugin.devices import DeviceNode, Discovery
 from ate_devplugin.dra_plugin import DraPlugin

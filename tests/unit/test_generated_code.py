@@ -6,7 +6,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 GENERATED = ROOT / "app/ate_devplugin/api"
-PACKAGES = ("v1beta1", "pluginregistration", "dra/v1", "dra/v1beta1", "podresources/v1")
+PACKAGES = ("deviceplugin/v1beta1", "pluginregistration/v1", "dra/v1", "dra/v1beta1", "podresources/v1")
 
 
 def test_generated_code_matches_proto(tmp_path: Path) -> None:
@@ -19,7 +19,7 @@ def test_generated_code_matches_proto(tmp_path: Path) -> None:
 
 
 def test_wire_names_are_the_kubelets() -> None:
-    from ate_devplugin.api.v1beta1 import api_pb2 as pb
+    from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
 
     assert pb.DESCRIPTOR.package == "v1beta1"
     services = {s.full_name: [m.name for m in s.methods] for s in pb.DESCRIPTOR.services_by_name.values()}
@@ -44,7 +44,7 @@ def test_wire_names_are_the_kubelets() -> None:
 
 
 def test_registration_wire_names_are_the_kubelets() -> None:
-    from ate_devplugin.api.pluginregistration import api_pb2 as pb
+    from ate_devplugin.api.pluginregistration.v1 import api_pb2 as pb
 
     assert pb.DESCRIPTOR.package == "pluginregistration"
     service = pb.DESCRIPTOR.services_by_name["Registration"]

@@ -7,8 +7,8 @@ import grpc
 import pytest
 from opentelemetry.trace import NoOpTracerProvider
 
-from ate_devplugin.api.v1beta1 import api_pb2 as pb
-from ate_devplugin.api.v1beta1 import api_pb2_grpc
+from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
+from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2_grpc
 from ate_devplugin.registration import Backoff, RegistrationError, register
 
 

@@ -10,8 +10,8 @@ import pytest
 from opentelemetry.trace import NoOpTracerProvider
 from prometheus_client import CollectorRegistry
 
-from ate_devplugin.api.v1beta1 import api_pb2 as pb
-from ate_devplugin.api.v1beta1 import api_pb2_grpc
+from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
+from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2_grpc
 from ate_devplugin.config import MountConfig, ResourceConfig
 from ate_devplugin.devices import DeviceNode, Discovery
 from ate_devplugin.inventory import ResourceState
