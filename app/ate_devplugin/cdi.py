@@ -54,17 +54,6 @@ def spec_file_name(resource_name: str) -> str:
     return resource_name.replace("/", "-") + ".json"
 
 
-def name_problem(resource_name: str) -> str | None:
-    """What keeps a valid resource name from being a CDI kind, or None.
-
-    The config's name rules already keep both parts to CDI's characters and ends; CDI
-    also wants the vendor (the domain) and the class to start with a letter."""
-    vendor, _, cls = resource_name.partition("/")
-    if not vendor[:1].isalpha() or not cls[:1].isalpha():
-        return "for CDI, the domain and the name after the slash must start with a letter"
-    return None
-
-
 def spec(resource: ResourceConfig, nodes: Sequence[DeviceNode]) -> dict[str, Any]:
     """The spec document of a resource with these device nodes present."""
     device_nodes = []

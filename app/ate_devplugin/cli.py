@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import grpc
 from prometheus_client import disable_created_metrics
 
-from ate_devplugin import __version__
+from ate_devplugin import __version__, config
 from ate_devplugin.config import ConfigError, ResourceConfig, load_resources
 from ate_devplugin.daemon import AgentDiedError, Daemon
 from ate_devplugin.httpserver import HttpServer
@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     flags = {k: getattr(args, k) for k in DEFAULTS}
     try:
         settings = resolve(flags, os.environ)
-        resources = settings.load_resources()
+        resources = config.load(settings.config, settings.plugin_dir)
         kube = None
         if settings.dra:
             from ate_devplugin.kube import connect  # device-plugin mode loads no Kubernetes client

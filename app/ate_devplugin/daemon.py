@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from opentelemetry.trace import SpanKind
 
+from ate_devplugin import config
 from ate_devplugin.agent import Ports, ResourceAgent
 from ate_devplugin.cdi import CdiSpecs
 from ate_devplugin.config import ConfigError, ResourceConfig
@@ -38,7 +39,7 @@ from ate_devplugin.inventory import ResourceState
 from ate_devplugin.metrics import Metrics, PodResourcesMetrics
 from ate_devplugin.podresources import PodResourcesWatch
 from ate_devplugin.ports import GrpcKubelet, HostFilesystem, SystemClock
-from ate_devplugin.reload import Worker, WorkerBusyError, read_resources
+from ate_devplugin.reload import Worker, WorkerBusyError
 from ate_devplugin.server import PluginServer
 from ate_devplugin.servicer import DevicePluginServicer
 from ate_devplugin.settings import Settings
@@ -369,11 +370,12 @@ class Daemon:
     # --- config reload ------------------------------------------------------------------
 
     async def _reload(self) -> None:
-        settings = self.settings
-        log.debug("reading the config file", extra={"path": str(settings.config)})
+        path, plugin_dir, previous = self.settings.config, self.settings.plugin_dir, self._config_data
+        assert path is not None
+        log.debug("reading the config file", extra={"path": str(path)})
         try:
             data, resources = await self._reader.call(
-                lambda: read_resources(settings, self._config_data), self.timing.reload_timeout_s
+                lambda: config.read_again(path, plugin_dir, previous), self.timing.reload_timeout_s
             )
         except (ConfigError, TimeoutError, WorkerBusyError) as exc:
             self._config_data = None  # read it again next time, even if unchanged

@@ -8,25 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from ate_devplugin.config import ConfigError, ResourceConfig, read_config_file
-from ate_devplugin.settings import Settings
-
 T = TypeVar("T")
-
-
-def read_resources(
-    settings: Settings, previous: bytes | None
-) -> tuple[bytes, tuple[ResourceConfig, ...] | ConfigError | None]:
-    """Blocking: the file's bytes and, unless they equal ``previous``, its resources or
-    why they are rejected. Raises ConfigError when the file cannot be read."""
-    assert settings.config is not None
-    data = read_config_file(settings.config)
-    if data == previous:
-        return data, None
-    try:
-        return data, settings.resources_from(data)
-    except ConfigError as exc:
-        return data, exc
 
 
 class WorkerBusyError(Exception):

@@ -7,14 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ate_devplugin.config import (
-    DEFAULT_RESOURCES,
-    ConfigError,
-    ResourceConfig,
-    check_across,
-    decode_resources,
-    read_config_file,
-)
+from ate_devplugin.config import ConfigError, ResourceConfig
 
 ENV_PREFIX = "ATE_DEVPLUGIN_"
 # The DRA driver name: one driver for every configured resource (see docs/dra.md).
@@ -124,19 +117,6 @@ class Settings:
 
     def socket_path(self, resource: ResourceConfig) -> str:
         return os.path.join(self.plugin_dir, resource.socket_name)
-
-    def load_resources(self) -> tuple[ResourceConfig, ...]:
-        """The configured resources, read and checked (blocking: bounded, never waits on I/O)."""
-        if not self.config:
-            check_across(DEFAULT_RESOURCES, self.plugin_dir)
-            return DEFAULT_RESOURCES
-        return self.resources_from(read_config_file(self.config))
-
-    def resources_from(self, data: bytes) -> tuple[ResourceConfig, ...]:
-        """The resources of config file content already read."""
-        resources = decode_resources(data, str(self.config))
-        check_across(resources, self.plugin_dir)
-        return resources
 
 
 def resolve(flags: Mapping[str, str | None], env: Mapping[str, str]) -> Settings:

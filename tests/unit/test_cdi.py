@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from ate_devplugin import cdi
 from ate_devplugin.cdi import CdiSpecs, device_id, spec
-from ate_devplugin.config import MountConfig, ResourceConfig
+from ate_devplugin.config import MountConfig, ResourceConfig, cdi_name_problem
 from ate_devplugin.devices import DeviceNode
 from ate_devplugin.metrics import Metrics
 
@@ -30,7 +30,7 @@ def test_device_id_is_kind_and_the_name_after_the_slash() -> None:
     [("ate.dev/kvm", True), ("a/b", True), ("9ate.dev/kvm", False), ("ate.dev/9kvm", False), ("ate.dev/_x", False)],
 )
 def test_a_cdi_kind_starts_each_part_with_a_letter(name: str, ok: bool) -> None:
-    assert (cdi.name_problem(name) is None) is ok
+    assert (cdi_name_problem(name) is None) is ok
 
 
 def test_spec_of_a_plain_resource() -> None:

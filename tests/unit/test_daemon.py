@@ -13,8 +13,7 @@ import pytest
 from opentelemetry.trace import NoOpTracerProvider
 from prometheus_client import CollectorRegistry
 
-from ate_devplugin import reload
-from ate_devplugin.config import ResourceConfig
+from ate_devplugin.config import ResourceConfig, files
 from ate_devplugin.daemon import AgentDiedError, Daemon
 from ate_devplugin.devices import DeviceNode, Discovery
 from ate_devplugin.metrics import Metrics
@@ -49,7 +48,7 @@ class Setup:
             flags["config"] = str(self.config)
         settings = resolve(flags, {})
         self.settings = replace(settings, timing=Timing(agent_stop_s=0.5, server_stop_grace_s=0.0, **timing))
-        resources = self.settings.load_resources()
+        resources = files.load(self.settings.config, self.settings.plugin_dir)
         self.kubelet_socket = self.settings.kubelet_socket
         self.fs = FakeFs(identities={self.kubelet_socket: (1, 1, 1)})
         self.kubelet = FakeKubelet()
@@ -159,7 +158,7 @@ async def test_a_reload_that_hangs_is_rejected_in_time(tmp_path: Path, monkeypat
         time.sleep(1)
         return b""
 
-    monkeypatch.setattr(reload, "read_config_file", slow_read)
+    monkeypatch.setattr(files, "read_config_file", slow_read)
     s.daemon.request_reload()
     await until(lambda: s.sample("ate_devplugin_config_reloads_total", result="failure") == 1, "timed out")
     s.daemon.request_reload()  # the hanging read still runs: refused, not a second thread
