@@ -22,14 +22,14 @@ from prometheus_client import disable_created_metrics
 from ate_devplugin import __version__, config
 from ate_devplugin.config import ConfigError, ResourceConfig, load_resources
 from ate_devplugin.daemon import AgentDiedError, Daemon
-from ate_devplugin.httpserver import HttpServer
-from ate_devplugin.logs import setup_logging
-from ate_devplugin.metrics import Metrics
+from ate_devplugin.observability.http import HttpServer
+from ate_devplugin.observability.logs import setup_logging
+from ate_devplugin.observability.metrics import Metrics
+from ate_devplugin.observability.tracing import setup_tracing
 from ate_devplugin.settings import DEFAULTS, Settings, resolve
-from ate_devplugin.tracing import setup_tracing
 
 if TYPE_CHECKING:
-    from ate_devplugin.kube import KubeApi
+    from ate_devplugin.dra.kube import KubeApi
 
 log = logging.getLogger("ate_devplugin")
 
@@ -113,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         resources = config.load(settings.config, settings.plugin_dir)
         kube = None
         if settings.dra:
-            from ate_devplugin.kube import connect  # device-plugin mode loads no Kubernetes client
+            from ate_devplugin.dra.kube import connect  # device-plugin mode loads no Kubernetes client
 
             kube = connect()
     except ConfigError as exc:
@@ -140,9 +140,9 @@ async def serve(settings: Settings, resources: tuple[ResourceConfig, ...], kube:
     tracing = setup_tracing()
     dra = None
     if kube is not None:
-        from ate_devplugin import cdi
-        from ate_devplugin.dra_plugin import DraPlugin
-        from ate_devplugin.metrics import DraMetrics
+        from ate_devplugin.dra.plugin import DraPlugin
+        from ate_devplugin.host import cdi
+        from ate_devplugin.observability.metrics import DraMetrics
 
         dra = DraPlugin(settings, kube, cdi.device_id, DraMetrics(metrics.registry), tracing.tracer)
     daemon = Daemon(settings, resources, metrics, tracing, dra=dra)

@@ -17,11 +17,9 @@ from typing import TYPE_CHECKING
 from opentelemetry.trace import SpanKind
 
 from ate_devplugin import config
-from ate_devplugin.agent import Ports, ResourceAgent
-from ate_devplugin.cdi import CdiSpecs
 from ate_devplugin.config import ConfigError, ResourceConfig
-from ate_devplugin.devices import Discovery, discover, watch_dirs
-from ate_devplugin.events import (
+from ate_devplugin.deviceplugin.agent import Ports, ResourceAgent
+from ate_devplugin.deviceplugin.events import (
     AgentDied,
     ConfigChanged,
     DirectoryAppeared,
@@ -35,19 +33,21 @@ from ate_devplugin.events import (
     matters,
     route,
 )
-from ate_devplugin.inventory import ResourceState
-from ate_devplugin.metrics import Metrics, PodResourcesMetrics
-from ate_devplugin.podresources import PodResourcesWatch
-from ate_devplugin.ports import GrpcKubelet, HostFilesystem, SystemClock
+from ate_devplugin.deviceplugin.inventory import ResourceState
+from ate_devplugin.deviceplugin.podresources import PodResourcesWatch
+from ate_devplugin.deviceplugin.ports import GrpcKubelet, HostFilesystem, SystemClock
+from ate_devplugin.deviceplugin.server import PluginServer
+from ate_devplugin.deviceplugin.servicer import DevicePluginServicer
+from ate_devplugin.host.cdi import CdiSpecs
+from ate_devplugin.host.devices import Discovery, discover, watch_dirs
+from ate_devplugin.host.watcher import FsEvent, Watcher, nearest_existing
+from ate_devplugin.observability.metrics import Metrics, PodResourcesMetrics
+from ate_devplugin.observability.tracing import Tracing
 from ate_devplugin.reload import Worker, WorkerBusyError
-from ate_devplugin.server import PluginServer
-from ate_devplugin.servicer import DevicePluginServicer
 from ate_devplugin.settings import Settings
-from ate_devplugin.tracing import Tracing
-from ate_devplugin.watcher import FsEvent, Watcher, nearest_existing
 
 if TYPE_CHECKING:  # imported only in DRA mode
-    from ate_devplugin.dra_plugin import DraPlugin
+    from ate_devplugin.dra.plugin import DraPlugin
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import itertools
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from ate_devplugin.dra_service import ClaimNotFoundError
+from ate_devplugin.dra.service import ClaimNotFoundError
 
 
 class FakeApi:

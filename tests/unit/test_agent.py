@@ -9,10 +9,10 @@ import pytest
 from opentelemetry.trace import NoOpTracerProvider
 from prometheus_client import CollectorRegistry
 
-from ate_devplugin.agent import ResourceAgent
 from ate_devplugin.config import ResourceConfig
-from ate_devplugin.devices import DeviceNode, Discovery
-from ate_devplugin.metrics import Metrics
+from ate_devplugin.deviceplugin.agent import ResourceAgent
+from ate_devplugin.host.devices import DeviceNode, Discovery
+from ate_devplugin.observability.metrics import Metrics
 from ate_devplugin.settings import Timing
 from tests.unit.fakes import FakeClock, FakeFs, FakeKubelet, FakeServer, fake_ports, until
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ate_devplugin import cdi
-from ate_devplugin.cdi import CdiSpecs, device_id, spec
 from ate_devplugin.config import MountConfig, ResourceConfig, cdi_name_problem
-from ate_devplugin.devices import DeviceNode
-from ate_devplugin.metrics import Metrics
+from ate_devplugin.host import cdi
+from ate_devplugin.host.cdi import CdiSpecs, device_id, spec
+from ate_devplugin.host.devices import DeviceNode
+from ate_devplugin.observability.metrics import Metrics
 
 KVM = ResourceConfig(name="ate.dev/kvm", devices=("/dev/kvm",), allocate="cdi")
 KVM_NODE = DeviceNode("/dev/kvm", 10, 232)

@@ -15,11 +15,11 @@ from prometheus_client import CollectorRegistry
 
 from ate_devplugin.config import ResourceConfig, files
 from ate_devplugin.daemon import AgentDiedError, Daemon
-from ate_devplugin.devices import DeviceNode, Discovery
-from ate_devplugin.metrics import Metrics
+from ate_devplugin.host.devices import DeviceNode, Discovery
+from ate_devplugin.host.watcher import FsEvent
+from ate_devplugin.observability.metrics import Metrics
+from ate_devplugin.observability.tracing import Tracing
 from ate_devplugin.settings import Timing, resolve
-from ate_devplugin.tracing import Tracing
-from ate_devplugin.watcher import FsEvent
 from tests.unit.fakes import FakeClock, FakeFs, FakeKubelet, FakeServer, fake_ports, until
 
 KVM_ONLY = "resources: [{name: ate.dev/kvm, devices: [/dev/kvm]}]\n"

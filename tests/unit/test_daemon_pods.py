@@ -13,8 +13,8 @@ import grpc
 import pytest
 
 from ate_devplugin.config import ResourceConfig
-from ate_devplugin.devices import Discovery
-from ate_devplugin.watcher import FsEvent
+from ate_devplugin.host.devices import Discovery
+from ate_devplugin.host.watcher import FsEvent
 from tests.unit.fakes import until
 from tests.unit.test_daemon import Setup, running
 from tests.unit.test_podresources import KVM, FakeLister, pod, serve

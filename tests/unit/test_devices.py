@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ate_devplugin.config import ResourceConfig
-from ate_devplugin.devices import EscapesRootError, discover, resolve_in_root, watch_dirs
+from ate_devplugin.host.devices import EscapesRootError, discover, resolve_in_root, watch_dirs
 from tests.harness.devices import DeviceNumber, can_mknod, mknod_char
 from tests.harness.require import require
 

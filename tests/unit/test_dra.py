@@ -18,10 +18,10 @@ from ate_devplugin.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from ate_devplugin.api.pluginregistration.v1 import api_pb2 as reg
 from ate_devplugin.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from ate_devplugin.config import DEFAULT_RESOURCES
-from ate_devplugin.devices import DeviceNode, Discovery
-from ate_devplugin.dra_plugin import DraPlugin
-from ate_devplugin.dra_service import ClaimRef
-from ate_devplugin.metrics import DraMetrics
+from ate_devplugin.dra.plugin import DraPlugin
+from ate_devplugin.dra.service import ClaimRef
+from ate_devplugin.host.devices import DeviceNode, Discovery
+from ate_devplugin.observability.metrics import DraMetrics
 from ate_devplugin.settings import DRA_DRIVER, Settings, resolve
 from tests.unit.dra_fakes import FakeApi, cdi_id
 from tests.unit.fakes import until
@@ -223,7 +223,7 @@ async def test_a_stale_socket_is_replaced(tmp_path: Path) -> None:
 
 
 def test_other_resources_get_their_own_slots() -> None:
-    from ate_devplugin.dra_slices import device_name, slot_devices
+    from ate_devplugin.dra.slices import device_name, slot_devices
 
     assert slot_devices(["ate.dev/kvm", "ate.dev/tun"], 2) == {
         "ate-dev-kvm-0": "ate.dev/kvm",
@@ -267,7 +267,7 @@ def test_device_plugin_mode_loads_no_kubernetes_client() -> None:
     code = (
         "import sys, ate_devplugin.cli, ate_devplugin.daemon;"
         "print(sorted(m for m in sys.modules"
-        " if m.startswith(('lightkube', 'ate_devplugin.dra', 'ate_devplugin.kube'))))"
+        " if m.startswith(('lightkube', 'ate_devplugin.dra', 'ate_devplugin.dra.kube'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]"

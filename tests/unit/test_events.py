@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ate_devplugin.events import (
+from ate_devplugin.deviceplugin.events import (
     ConfigChanged,
     DirectoryAppeared,
     DirectoryGone,
@@ -16,7 +16,7 @@ from ate_devplugin.events import (
     matters,
     route,
 )
-from ate_devplugin.watcher import FsEvent
+from ate_devplugin.host.watcher import FsEvent
 
 D = "/var/lib/kubelet/device-plugins"
 PATHS = Paths(

@@ -11,8 +11,8 @@ from lightkube import AsyncClient
 from lightkube.config.kubeconfig import KubeConfig
 
 from ate_devplugin.config import ConfigError
-from ate_devplugin.dra_service import ClaimNotFoundError
-from ate_devplugin.kube import KubeApi, connect
+from ate_devplugin.dra.kube import KubeApi, connect
+from ate_devplugin.dra.service import ClaimNotFoundError
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 

@@ -18,12 +18,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NoOpTracer
 from prometheus_client import CollectorRegistry
 
-from ate_devplugin import podresources
 from ate_devplugin.api.podresources.v1 import api_pb2 as pb
 from ate_devplugin.api.podresources.v1 import api_pb2_grpc
-from ate_devplugin.inventory import HEALTHY, UNHEALTHY
-from ate_devplugin.metrics import PodResourcesMetrics
-from ate_devplugin.podresources import PodResourcesWatch, holdings
+from ate_devplugin.deviceplugin import podresources
+from ate_devplugin.deviceplugin.inventory import HEALTHY, UNHEALTHY
+from ate_devplugin.deviceplugin.podresources import PodResourcesWatch, holdings
+from ate_devplugin.observability.metrics import PodResourcesMetrics
 from tests.unit.fakes import until
 
 KVM = "ate.dev/kvm"

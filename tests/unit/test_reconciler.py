@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from ate_devplugin.reconciler import Action, Decision, Observed, decide
+from ate_devplugin.deviceplugin.reconciler import Action, Decision, Observed, decide
 
 BASE = Observed(
     present=True,

@@ -13,11 +13,11 @@ from prometheus_client import CollectorRegistry
 from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
 from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2_grpc
 from ate_devplugin.config import MountConfig, ResourceConfig
-from ate_devplugin.devices import DeviceNode, Discovery
-from ate_devplugin.inventory import ResourceState
-from ate_devplugin.metrics import Metrics
-from ate_devplugin.server import PluginServer
-from ate_devplugin.servicer import DevicePluginServicer, plugin_options
+from ate_devplugin.deviceplugin.inventory import ResourceState
+from ate_devplugin.deviceplugin.server import PluginServer
+from ate_devplugin.deviceplugin.servicer import DevicePluginServicer, plugin_options
+from ate_devplugin.host.devices import DeviceNode, Discovery
+from ate_devplugin.observability.metrics import Metrics
 
 RESOURCE = ResourceConfig(
     name="ate.dev/kvm",

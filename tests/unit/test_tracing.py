@@ -9,7 +9,7 @@ import sys
 PROBE = """
 import json, sys
 import ate_devplugin.cli
-from ate_devplugin.tracing import setup_tracing
+from ate_devplugin.observability.tracing import setup_tracing
 tracing = setup_tracing()
 sdk = sorted(m for m in sys.modules if m.startswith(("opentelemetry.sdk", "opentelemetry.exporter")))
 print(json.dumps([type(tracing.tracer).__name__, sdk]))

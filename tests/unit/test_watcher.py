@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from ate_devplugin.watcher import FsEvent, Watcher, nearest_existing
+from ate_devplugin.host.watcher import FsEvent, Watcher, nearest_existing
 from tests.unit.fakes import until
 
 

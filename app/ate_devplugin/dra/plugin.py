@@ -18,14 +18,14 @@ from typing import Protocol
 import grpc
 from opentelemetry.trace import Tracer
 
-from ate_devplugin import dra_registration, dra_service
 from ate_devplugin.config import ResourceConfig
-from ate_devplugin.devices import Discovery
-from ate_devplugin.dra_registration import RegistrationServicer
-from ate_devplugin.dra_service import ClaimReader, DraDriver
-from ate_devplugin.dra_slices import SliceApi, SlicePublisher, slot_devices
-from ate_devplugin.metrics import DraMetrics
-from ate_devplugin.server import bind_socket
+from ate_devplugin.deviceplugin.server import bind_socket
+from ate_devplugin.dra import registration, service
+from ate_devplugin.dra.registration import RegistrationServicer
+from ate_devplugin.dra.service import ClaimReader, DraDriver
+from ate_devplugin.dra.slices import SliceApi, SlicePublisher, slot_devices
+from ate_devplugin.host.devices import Discovery
+from ate_devplugin.observability.metrics import DraMetrics
 from ate_devplugin.settings import DRA_DRIVER, Settings
 
 log = logging.getLogger(__name__)
@@ -73,10 +73,10 @@ class DraPlugin:
 
     async def start(self) -> None:
         dra = grpc.aio.server()
-        dra_service.add_to_server(self.driver, self.tracer, dra)
+        service.add_to_server(self.driver, self.tracer, dra)
         await self._serve(self.settings.dra_socket, dra)
         reg = grpc.aio.server()
-        dra_registration.add_to_server(self.registration, reg)
+        registration.add_to_server(self.registration, reg)
         await self._serve(self.settings.registration_socket, reg)
         self.publisher.start()
         log.info(

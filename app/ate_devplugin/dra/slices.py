@@ -19,7 +19,7 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from typing import Any, Protocol
 
-from ate_devplugin.metrics import DraMetrics
+from ate_devplugin.observability.metrics import DraMetrics
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Tracer
 
 from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
-from ate_devplugin.registration import register
+from ate_devplugin.deviceplugin.registration import register
 
 # (st_dev, st_ino, st_mtime_ns) of a socket file.
 SocketId = tuple[int, int, int]

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from opentelemetry import context
 
 from ate_devplugin.config import ResourceConfig
-from ate_devplugin.devices import Discovery
+from ate_devplugin.host.devices import Discovery
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"

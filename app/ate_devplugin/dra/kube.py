@@ -16,7 +16,7 @@ from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
 from ate_devplugin.config import ConfigError
-from ate_devplugin.dra_service import ClaimNotFoundError
+from ate_devplugin.dra.service import ClaimNotFoundError
 
 NOT_FOUND = 404
 WATCH_TIMEOUT_S = 300  # the server ends each watch after this long; lightkube resumes it

@@ -26,8 +26,8 @@ from ate_devplugin.api.dra.v1 import api_pb2 as v1
 from ate_devplugin.api.dra.v1 import api_pb2_grpc as v1_grpc
 from ate_devplugin.api.dra.v1beta1 import api_pb2 as v1beta1
 from ate_devplugin.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from ate_devplugin.metrics import DraMetrics
-from ate_devplugin.tracing import rpc_span, set_rpc_status
+from ate_devplugin.observability.metrics import DraMetrics
+from ate_devplugin.observability.tracing import rpc_span, set_rpc_status
 
 log = logging.getLogger(__name__)
 

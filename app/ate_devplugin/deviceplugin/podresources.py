@@ -24,9 +24,9 @@ from opentelemetry.trace import Span, SpanKind, Tracer
 
 from ate_devplugin.api.podresources.v1 import api_pb2 as pb
 from ate_devplugin.api.podresources.v1 import api_pb2_grpc
-from ate_devplugin.inventory import UNHEALTHY
-from ate_devplugin.metrics import PodResourcesMetrics
-from ate_devplugin.tracing import rpc_span, set_rpc_status
+from ate_devplugin.deviceplugin.inventory import UNHEALTHY
+from ate_devplugin.observability.metrics import PodResourcesMetrics
+from ate_devplugin.observability.tracing import rpc_span, set_rpc_status
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ import grpc
 from google.protobuf.message_factory import GetMessageClass
 
 from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
-from ate_devplugin.ports import SocketId, socket_identity
-from ate_devplugin.servicer import DevicePluginServicer
+from ate_devplugin.deviceplugin.ports import SocketId, socket_identity
+from ate_devplugin.deviceplugin.servicer import DevicePluginServicer
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ate_devplugin.config import ResourceConfig
-    from ate_devplugin.devices import DeviceNode
-    from ate_devplugin.metrics import Metrics
+    from ate_devplugin.host.devices import DeviceNode
+    from ate_devplugin.observability.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -12,12 +12,12 @@ import grpc
 from opentelemetry.trace import NoOpTracer, SpanKind, Tracer
 
 from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
-from ate_devplugin.cdi import device_id
 from ate_devplugin.config import ALLOCATE_CDI, ResourceConfig
-from ate_devplugin.devices import DeviceNode
-from ate_devplugin.inventory import HEALTHY, ResourceState
-from ate_devplugin.metrics import Metrics
-from ate_devplugin.tracing import rpc_span, set_rpc_status, trace_id_exemplar
+from ate_devplugin.deviceplugin.inventory import HEALTHY, ResourceState
+from ate_devplugin.host.cdi import device_id
+from ate_devplugin.host.devices import DeviceNode
+from ate_devplugin.observability.metrics import Metrics
+from ate_devplugin.observability.tracing import rpc_span, set_rpc_status, trace_id_exemplar
 
 log = logging.getLogger(__name__)
 

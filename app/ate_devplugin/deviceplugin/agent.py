@@ -16,14 +16,14 @@ from opentelemetry import context
 from opentelemetry.trace import SpanKind, Tracer
 
 from ate_devplugin.config import ResourceConfig
-from ate_devplugin.devices import Discovery
-from ate_devplugin.inventory import HEALTHY, UNHEALTHY, ResourceState
-from ate_devplugin.metrics import Metrics
-from ate_devplugin.ports import Clock, Filesystem, KubeletClient, Server
-from ate_devplugin.reconciler import Action, Decision, Observed, decide
-from ate_devplugin.registration import Backoff, RegistrationError
-from ate_devplugin.server import ServeError
-from ate_devplugin.servicer import plugin_options
+from ate_devplugin.deviceplugin.inventory import HEALTHY, UNHEALTHY, ResourceState
+from ate_devplugin.deviceplugin.ports import Clock, Filesystem, KubeletClient, Server
+from ate_devplugin.deviceplugin.reconciler import Action, Decision, Observed, decide
+from ate_devplugin.deviceplugin.registration import Backoff, RegistrationError
+from ate_devplugin.deviceplugin.server import ServeError
+from ate_devplugin.deviceplugin.servicer import plugin_options
+from ate_devplugin.host.devices import Discovery
+from ate_devplugin.observability.metrics import Metrics
 from ate_devplugin.settings import Timing
 
 log = logging.getLogger(__name__)

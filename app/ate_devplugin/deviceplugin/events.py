@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ate_devplugin.watcher import FsEvent
+from ate_devplugin.host.watcher import FsEvent
 
 
 @dataclass(frozen=True)
