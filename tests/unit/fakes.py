@@ -9,11 +9,10 @@ from dataclasses import dataclass, field
 from opentelemetry.context import Context
 
 from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
-from ate_devplugin.deviceplugin.agent import Ports
 from ate_devplugin.deviceplugin.inventory import ResourceState
-from ate_devplugin.deviceplugin.ports import SocketId
+from ate_devplugin.deviceplugin.ports import Ports
 from ate_devplugin.deviceplugin.registration import RegistrationError
-from ate_devplugin.deviceplugin.server import ServeError
+from ate_devplugin.host.sockets import ServeError, SocketId
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 
 import pytest
 from opentelemetry.trace import NoOpTracerProvider
@@ -13,13 +14,15 @@ from ate_devplugin.config import ResourceConfig
 from ate_devplugin.deviceplugin.agent import ResourceAgent
 from ate_devplugin.host.devices import DeviceNode, Discovery
 from ate_devplugin.observability.metrics import Metrics
-from ate_devplugin.settings import Timing
+from ate_devplugin.settings import Timing, resolve
+from ate_devplugin.tasks import Guard
 from tests.unit.fakes import FakeClock, FakeFs, FakeKubelet, FakeServer, fake_ports, until
 
 KUBELET = "/plugins/kubelet.sock"
 KVM = ResourceConfig(name="ate.dev/kvm", devices=("/dev/kvm",))
 FOUND = Discovery(nodes=(DeviceNode("/dev/kvm", 10, 232),), complete=True)
 TIMING = Timing(agent_stop_s=0.5, server_stop_grace_s=0.0)
+SETTINGS = replace(resolve({"plugin_dir": "/plugins"}, {}), timing=TIMING).for_device_plugin()
 
 
 class World:
@@ -31,14 +34,13 @@ class World:
         self.metrics = Metrics(CollectorRegistry())
         self.metrics.add_resource(KVM.name)
         self.deaths: list[str] = []
+        self.guard = Guard(on_death=lambda name, exc: self.deaths.append(name))
         self.agent = ResourceAgent(
             KVM,
-            KUBELET,
+            SETTINGS,
             fake_ports(self.fs, self.kubelet, self.clock, self.servers),
-            TIMING,
             self.metrics,
             NoOpTracerProvider().get_tracer("test"),
-            on_death=lambda name, exc: self.deaths.append(name),
         )
         self.kubelet.opens_stream.append(self.agent.state)
 
@@ -61,7 +63,7 @@ def world() -> World:
 
 async def started(world: World) -> ResourceAgent:
     agent = world.agent
-    agent.start()
+    agent.start(world.guard)
     agent.apply_discovery(FOUND)
     await until(lambda: agent.serving, "serving")
     return agent
@@ -81,7 +83,7 @@ async def test_serves_registers_and_is_ready_with_the_kubelets_stream(world: Wor
 
 
 async def test_nothing_happens_before_the_devices_are_present(world: World) -> None:
-    world.agent.start()
+    world.agent.start(world.guard)
     await asyncio.sleep(0.01)
     assert world.servers[KVM.name].starts == 0
     world.agent.apply_discovery(Discovery(nodes=(), complete=False))
@@ -119,7 +121,7 @@ async def test_our_socket_gone_is_served_and_registered_again(world: World) -> N
 async def test_a_new_kubelet_ends_a_hanging_attempt_and_registers_at_once(world: World) -> None:
     world.kubelet.outcomes = ["unavailable", "unavailable", "hang"]
     agent = world.agent
-    agent.start()
+    agent.start(world.guard)
     agent.apply_discovery(FOUND)
     await until(lambda: world.kubelet.calls == 3, "a hanging attempt")
     agent.kubelet_changed(restarted=True)
@@ -132,7 +134,7 @@ async def test_a_foreign_stream_neither_makes_ready_nor_stops_reregistration(wor
     world.kubelet.opens_stream.clear()  # this kubelet opens no stream
     agent = world.agent
     agent.state.stream_opened()  # a local client's stream, before our Register
-    agent.start()
+    agent.start(world.guard)
     agent.apply_discovery(FOUND)
     # Registered, but the only stream is foreign: not serving; after the grace (fake
     # clock), registered again, and again.
@@ -201,7 +203,7 @@ async def test_stop_ends_a_task_whose_first_cancellation_is_lost(world: World) -
 
 async def test_an_agent_that_dies_says_so(world: World) -> None:
     world.server.crash = True
-    world.agent.start()
+    world.agent.start(world.guard)
     world.agent.apply_discovery(FOUND)
     await until(lambda: world.deaths, "death reported")
-    assert world.deaths == [KVM.name]
+    assert world.deaths == [f"agent {KVM.name}"]

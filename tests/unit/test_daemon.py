@@ -13,13 +13,16 @@ import pytest
 from opentelemetry.trace import NoOpTracerProvider
 from prometheus_client import CollectorRegistry
 
+from ate_devplugin import runtime
 from ate_devplugin.config import ResourceConfig, files
-from ate_devplugin.daemon import AgentDiedError, Daemon
+from ate_devplugin.deviceplugin.plugin import DevicePlugin
+from ate_devplugin.host.cdi import CdiSpecs
 from ate_devplugin.host.devices import DeviceNode, Discovery
 from ate_devplugin.host.watcher import FsEvent
 from ate_devplugin.observability.metrics import Metrics
 from ate_devplugin.observability.tracing import Tracing
 from ate_devplugin.settings import Timing, resolve
+from ate_devplugin.tasks import TaskDiedError
 from tests.unit.fakes import FakeClock, FakeFs, FakeKubelet, FakeServer, fake_ports, until
 
 KVM_ONLY = "resources: [{name: ate.dev/kvm, devices: [/dev/kvm]}]\n"
@@ -54,16 +57,17 @@ class Setup:
         self.kubelet = FakeKubelet()
         self.servers: dict[str, FakeServer] = {}
         self.metrics = Metrics(CollectorRegistry())
-        self.daemon = Daemon(
+        self.daemon = runtime.build(
             self.settings,
             resources,
             self.metrics,
             Tracing(NoOpTracerProvider()),
-            fake_ports(self.fs, self.kubelet, FakeClock(), self.servers),
+            ports=fake_ports(self.fs, self.kubelet, FakeClock(), self.servers),
             discover=lambda config, root: self.discovered.get(config.name) or found(config, root),
         )
         self.discovered: dict[str, Discovery] = {}  # what discovery finds, when not the default
-        agents = self.daemon.agents  # the kubelet opens its stream within each Register
+        self.plugin = next(c for c in self.daemon.components if isinstance(c, DevicePlugin))
+        agents = self.plugin.agents  # the kubelet opens its stream within each Register
         self.kubelet.streams_of = lambda name: agents[name].state if name in agents else None
 
     def sample(self, name: str, **labels: str) -> float | None:
@@ -72,7 +76,7 @@ class Setup:
 
 async def running(s: Setup) -> asyncio.Task[None]:
     task = asyncio.create_task(s.daemon.run())
-    await until(lambda: s.daemon.agents and all(a.serving for a in s.daemon.agents.values()), "ready")
+    await until(lambda: s.plugin.agents and all(a.serving for a in s.plugin.agents.values()), "ready")
     return task
 
 
@@ -118,14 +122,14 @@ async def test_config_reload_adds_and_removes_agents(tmp_path: Path) -> None:
     s = Setup(tmp_path, KVM_ONLY)
     task = await running(s)
     s.config.write_text(KVM_AND_TUN)
-    await until(lambda: "ate.dev/tun" in s.daemon.agents, "tun added")
+    await until(lambda: "ate.dev/tun" in s.plugin.agents, "tun added")
     assert s.sample("ate_devplugin_config_reloads_total", result="success") == 1
     s.daemon.request_reload()  # SIGHUP with nothing changed: nothing happens
     s.config.write_text(KVM_ONLY)
     # The agent leaves the table first; its series go once it has stopped.
     await until(
         lambda: (
-            "ate.dev/tun" not in s.daemon.agents
+            "ate.dev/tun" not in s.plugin.agents
             and s.sample("ate_devplugin_registered", resource_name="ate.dev/tun") is None
         ),
         "tun removed with its series",
@@ -139,7 +143,7 @@ async def test_a_rejected_reload_keeps_the_running_config(tmp_path: Path) -> Non
     task = await running(s)
     s.config.write_text("resources: [{name: ate.dev/kvm, units: many}]\n")
     await until(lambda: s.sample("ate_devplugin_config_reloads_total", result="failure") == 1, "rejected")
-    assert list(s.daemon.agents) == ["ate.dev/kvm"]
+    assert list(s.plugin.agents) == ["ate.dev/kvm"]
     assert s.daemon.readiness()[0]
     assert s.sample("ate_devplugin_config_rejected") == 1
     # Back to the running config: nothing to reload, and nothing rejected any more.
@@ -203,7 +207,7 @@ async def test_stop_is_bounded_even_mid_event(tmp_path: Path, monkeypatch: pytes
 async def test_an_agent_that_dies_ends_the_daemon(tmp_path: Path) -> None:
     s = Setup(tmp_path)
     s.servers["ate.dev/kvm"] = FakeServer("/plugins/kvm.sock", crash=True)
-    with pytest.raises(AgentDiedError, match=r"ate\.dev/kvm"):
+    with pytest.raises(TaskDiedError, match=r"ate\.dev/kvm"):
         await asyncio.wait_for(s.daemon.run(), 5)
 
 
@@ -255,7 +259,8 @@ async def test_a_spec_for_every_resource_when_asked(tmp_path: Path) -> None:
     # Each test has its own tmp_path: a subdirectory could take the plugin socket's path
     # past the 107-byte limit under a long TMPDIR (make unit-nonroot).
     s = Setup(tmp_path, KVM_ONLY)
-    s.daemon.write_cdi_for_every_resource()
+    (specs,) = [c for c in s.daemon.components if isinstance(c, CdiSpecs)]
+    specs.every_resource = True  # as with a DRA driver
     task = await running(s)
     assert json.loads((tmp_path / "cdi/ate.dev-kvm.json").read_text())["kind"] == "ate.dev/kvm"
     s.daemon.request_stop("SIGTERM")

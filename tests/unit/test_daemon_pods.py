@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from ate_devplugin.config import ResourceConfig
+from ate_devplugin.deviceplugin.podresources import PodResourcesWatch
 from ate_devplugin.host.devices import Discovery
 from ate_devplugin.host.watcher import FsEvent
 from tests.unit.fakes import until
@@ -96,7 +97,7 @@ async def test_a_lost_device_counts_and_names_the_pods_holding_it(pods: Pods, ca
 async def test_off_by_default_reads_no_pods(tmp_path: Path) -> None:
     s = Setup(tmp_path)
     task = await running(s)
-    assert s.daemon.pods is None
+    assert not [c for c in s.daemon.components if isinstance(c, PodResourcesWatch)]
     assert s.sample("ate_devplugin_pod_resources_requests_total", result="unavailable") is None
     s.daemon.request_stop("SIGTERM")
     await asyncio.wait_for(task, 5)

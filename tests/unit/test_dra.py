@@ -23,6 +23,7 @@ from ate_devplugin.dra.service import ClaimRef
 from ate_devplugin.host.devices import DeviceNode, Discovery
 from ate_devplugin.observability.metrics import DraMetrics
 from ate_devplugin.settings import DRA_DRIVER, Settings, resolve
+from ate_devplugin.tasks import Guard
 from tests.unit.dra_fakes import FakeApi, cdi_id
 from tests.unit.fakes import until
 
@@ -50,7 +51,12 @@ class Rig:
         self.settings = dra_settings(tmp_path, **flags)
         self.api = FakeApi()
         self.registry = CollectorRegistry()
-        self.plugin = DraPlugin(self.settings, self.api, cdi_id, DraMetrics(self.registry), NoOpTracer())
+        self.plugin = DraPlugin(self.settings.for_dra(), self.api, cdi_id, DraMetrics(self.registry), NoOpTracer())
+        self.deaths: list[str] = []
+        self.guard = Guard(lambda name, error: self.deaths.append(name))
+
+    async def start(self) -> None:
+        await self.plugin.start((KVM,), self.guard)
 
     def sample(self, name: str, **labels: str) -> float | None:
         return self.registry.get_sample_value(name, labels)
@@ -62,8 +68,8 @@ class Rig:
 @pytest.fixture
 async def rig(tmp_path: Path) -> Any:
     rig = Rig(tmp_path)
-    await rig.plugin.start()
-    rig.plugin.update((KVM,), PRESENT)
+    await rig.start()
+    rig.plugin.on_discovery(PRESENT)
     await until(lambda: rig.plugin.publisher.synced.is_set(), "slices published")
     yield rig
     if rig.plugin._servers:
@@ -167,11 +173,11 @@ async def test_slices_carry_the_slots_the_owner_and_the_pool(rig: Rig) -> None:
 
 
 async def test_slices_follow_device_health_and_come_back_after_a_wipe(rig: Rig) -> None:
-    rig.plugin.update((KVM,), ABSENT)
+    rig.plugin.on_discovery(ABSENT)
     await until(lambda: rig.api.devices() == [], "slots withdrawn")
     [item] = rig.api.slices.values()  # an empty pool is still published
     assert item["spec"]["pool"]["generation"] == 2
-    rig.plugin.update((KVM,), PRESENT)
+    rig.plugin.on_discovery(PRESENT)
     await until(lambda: len(rig.api.devices()) == 4, "slots back")
     writes = len(rig.api.writes)
     rig.api.wipe()  # the kubelet started
@@ -185,15 +191,15 @@ async def test_many_slots_take_several_slices_and_failed_writes_are_retried(tmp_
     rig = Rig(tmp_path, dra_slots="300")
     rig.plugin.publisher.retry_s = 0.01
     rig.api.fail_writes = 2
-    await rig.plugin.start()
+    await rig.start()
     try:
-        rig.plugin.update((KVM,), PRESENT)
+        rig.plugin.on_discovery(PRESENT)
         await until(lambda: len(rig.api.devices()) == 300, "three slices")
         counts = sorted(len(s["spec"]["devices"]) for s in rig.api.slices.values())
         assert counts == [44, 128, 128]
         assert {s["spec"]["pool"]["resourceSliceCount"] for s in rig.api.slices.values()} == {3}
         assert rig.sample("ate_devplugin_dra_slice_writes_total", op="create", result="failure") == 2
-        rig.plugin.update((KVM,), ABSENT)
+        rig.plugin.on_discovery(ABSENT)
         await until(lambda: len(rig.api.slices) == 1 and rig.api.devices() == [], "down to one empty slice")
     finally:
         await rig.plugin.stop(2.0)
@@ -211,7 +217,7 @@ async def test_a_stale_socket_is_replaced(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
     os.makedirs(os.path.dirname(rig.settings.dra_socket))
     Path(rig.settings.dra_socket).write_text("left behind")
-    await rig.plugin.start()
+    await rig.start()
     try:
         async with rig.channel(rig.settings.dra_socket) as channel:
             response = await v1_grpc.DRAPluginStub(channel).NodeUnprepareResources(  # type: ignore[no-untyped-call]

@@ -1,27 +1,19 @@
-"""Routing raw filesystem events to typed lifecycle events, one row per situation."""
+"""Routing raw filesystem events to what they mean, one row per situation: the device
+plugin's typed events, the config file, removed directories, the quiet directory's filter
+and the PodResources triggers."""
 
 from __future__ import annotations
 
 import pytest
 
-from ate_devplugin.deviceplugin.events import (
-    ConfigChanged,
-    DirectoryAppeared,
-    DirectoryGone,
-    Event,
-    KubeletSocketCreated,
-    Paths,
-    PodResourcesChanged,
-    SocketGone,
-    matters,
-    route,
-)
-from ate_devplugin.host.watcher import FsEvent
+from ate_devplugin.deviceplugin.events import DirectoryAppeared, Event, KubeletSocketCreated, SocketGone, route
+from ate_devplugin.deviceplugin.podresources import asks_for_list
+from ate_devplugin.host.watcher import FsEvent, matters, removed_dirs, touches
 
 D = "/var/lib/kubelet/device-plugins"
-PATHS = Paths(
-    kubelet_socket=f"{D}/kubelet.sock", sockets={f"{D}/kvm.sock": "ate.dev/kvm"}, config="/etc/ate/config.yaml"
-)
+KUBELET = f"{D}/kubelet.sock"
+SOCKETS = {f"{D}/kvm.sock": "ate.dev/kvm"}
+CONFIG_DIR = "/etc/ate"
 
 
 def fs(kind: str, path: str, dest: str = "", is_dir: bool = False) -> FsEvent:
@@ -37,26 +29,43 @@ ROWS: list[tuple[str, list[FsEvent], list[Event]]] = [
     ("our socket renamed away", [fs("moved", f"{D}/kvm.sock", f"{D}/elsewhere")], [SocketGone("ate.dev/kvm")]),
     ("another plugin's socket: nothing", [fs("created", f"{D}/other.sock"), fs("deleted", f"{D}/other.sock")], []),
     ("a device node: no event, rediscovery follows every batch", [fs("created", "/dev/kvm")], []),
-    ("config edited in place", [fs("closed", "/etc/ate/config.yaml")], [ConfigChanged()]),
-    ("ConfigMap ..data swap", [fs("moved", "/etc/ate/..data_tmp", "/etc/ate/..data")], [ConfigChanged()]),
-    ("many config events: one reload", [fs("closed", "/etc/ate/config.yaml")] * 5, [ConfigChanged()]),
-    ("a watched directory removed", [fs("deleted", "/dev/net", is_dir=True)], [DirectoryGone("/dev/net")]),
+    ("the config file: not the device plugin's", [fs("closed", "/etc/ate/config.yaml")], []),
     (
         "a directory made (perhaps the plugin dir)",
         [fs("created", "/var/lib/kubelet", is_dir=True)],
         [DirectoryAppeared()],
     ),
+    ("many events of one kind: one event", [fs("deleted", f"{D}/kvm.sock")] * 3, [SocketGone("ate.dev/kvm")]),
 ]
 
 
 @pytest.mark.parametrize(("why", "batch", "expected"), ROWS, ids=[r[0] for r in ROWS])
 def test_route(why: str, batch: list[FsEvent], expected: list[Event]) -> None:
-    assert route(batch, PATHS) == expected, why
+    assert route(batch, KUBELET, SOCKETS) == expected, why
 
 
-def test_no_config_file_no_config_events() -> None:
-    paths = Paths(kubelet_socket=PATHS.kubelet_socket, sockets={}, config=None)
-    assert route([fs("closed", "/etc/ate/config.yaml")], paths) == []
+CONFIG_ROWS: list[tuple[str, list[FsEvent], bool]] = [
+    ("config edited in place", [fs("closed", "/etc/ate/config.yaml")], True),
+    ("ConfigMap ..data swap", [fs("moved", "/etc/ate/..data_tmp", "/etc/ate/..data")], True),
+    ("renamed into the directory", [fs("moved", "/tmp/x", "/etc/ate/config.yaml")], True),
+    ("another directory", [fs("closed", "/etc/other/config.yaml")], False),
+    ("a device node", [fs("created", "/dev/kvm")], False),
+]
+
+
+@pytest.mark.parametrize(("why", "batch", "changed"), CONFIG_ROWS, ids=[r[0] for r in CONFIG_ROWS])
+def test_config_events(why: str, batch: list[FsEvent], changed: bool) -> None:
+    assert touches(batch, CONFIG_DIR) is changed, why
+
+
+def test_removed_directories_are_named() -> None:
+    batch = [
+        fs("deleted", "/dev/net", is_dir=True),
+        fs("moved", "/dev/old", "/dev/new", is_dir=True),
+        fs("deleted", "/dev/kvm"),
+        fs("created", "/dev/made", is_dir=True),
+    ]
+    assert removed_dirs(batch) == ["/dev/net", "/dev/old"]
 
 
 @pytest.mark.parametrize(
@@ -80,25 +89,20 @@ def test_no_config_file_no_config_events() -> None:
 def test_only_sockets_and_directories_matter_in_the_quiet_directory(
     event: FsEvent, quiet_dir: str | None, kept: bool
 ) -> None:
-    assert matters(event, quiet_dir) is kept
+    assert matters(event, {quiet_dir} if quiet_dir else set()) is kept
 
 
 def test_the_checkpoint_matters_while_pods_are_read() -> None:
     checkpoint = f"{D}/kubelet_internal_checkpoint"
     renamed = fs("moved", f"{D}/.kubelet_internal_checkpoint.tmp", checkpoint)
-    assert matters(renamed, D, also=checkpoint)
-    assert matters(fs("closed", checkpoint), D, also=checkpoint)
-    assert not matters(fs("created", f"{D}/.kubelet_internal_checkpoint.tmp"), D, also=checkpoint)
+    assert matters(renamed, {D}, also={checkpoint})
+    assert matters(fs("closed", checkpoint), {D}, also={checkpoint})
+    assert not matters(fs("created", f"{D}/.kubelet_internal_checkpoint.tmp"), {D}, also={checkpoint})
 
 
-POD_PATHS = Paths(
-    kubelet_socket=PATHS.kubelet_socket,
-    sockets={},
-    config=None,
-    checkpoint=f"{D}/kubelet_internal_checkpoint",
-    pod_resources_socket="/var/lib/kubelet/pod-resources/kubelet.sock",
-)
-POD_ROWS: list[tuple[str, list[FsEvent], list[Event]]] = [
+CHECKPOINT = f"{D}/kubelet_internal_checkpoint"
+POD_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+POD_ROWS: list[tuple[str, list[FsEvent], bool]] = [
     (
         "checkpoint rewritten (temp file renamed over it)",
         [
@@ -106,24 +110,19 @@ POD_ROWS: list[tuple[str, list[FsEvent], list[Event]]] = [
             fs("closed", f"{D}/.tmp1"),
             fs("moved", f"{D}/.tmp1", f"{D}/kubelet_internal_checkpoint"),
         ],
-        [PodResourcesChanged()],
+        True,
     ),
-    ("checkpoint written in place", [fs("closed", f"{D}/kubelet_internal_checkpoint")], [PodResourcesChanged()]),
-    ("checkpoint removed: nothing", [fs("deleted", f"{D}/kubelet_internal_checkpoint")], []),
-    (
-        "PodResources socket made anew",
-        [fs("created", "/var/lib/kubelet/pod-resources/kubelet.sock")],
-        [PodResourcesChanged()],
-    ),
-    ("PodResources socket gone: nothing", [fs("deleted", "/var/lib/kubelet/pod-resources/kubelet.sock")], []),
+    ("checkpoint written in place", [fs("closed", f"{D}/kubelet_internal_checkpoint")], True),
+    ("checkpoint removed: nothing", [fs("deleted", f"{D}/kubelet_internal_checkpoint")], False),
+    ("PodResources socket made anew", [fs("created", POD_SOCKET)], True),
+    ("PodResources socket gone: nothing", [fs("deleted", POD_SOCKET)], False),
 ]
 
 
-@pytest.mark.parametrize(("why", "batch", "expected"), POD_ROWS, ids=[r[0] for r in POD_ROWS])
-def test_route_pod_resources(why: str, batch: list[FsEvent], expected: list[Event]) -> None:
-    assert route(batch, POD_PATHS) == expected, why
+@pytest.mark.parametrize(("why", "batch", "asks"), POD_ROWS, ids=[r[0] for r in POD_ROWS])
+def test_what_asks_for_a_pod_resources_list(why: str, batch: list[FsEvent], asks: bool) -> None:
+    assert asks_for_list(batch, CHECKPOINT, POD_SOCKET) is asks, why
 
 
-def test_pods_not_read_no_pod_events() -> None:
-    paths = Paths(kubelet_socket=PATHS.kubelet_socket, sockets={}, config=None)
-    assert route([fs("moved", f"{D}/.tmp", f"{D}/kubelet_internal_checkpoint")], paths) == []
+def test_pods_not_read_by_the_device_plugin_no_checkpoint_events() -> None:
+    assert not asks_for_list([fs("moved", f"{D}/.tmp", CHECKPOINT)], None, POD_SOCKET)

@@ -24,6 +24,8 @@ from ate_devplugin.deviceplugin import podresources
 from ate_devplugin.deviceplugin.inventory import HEALTHY, UNHEALTHY
 from ate_devplugin.deviceplugin.podresources import PodResourcesWatch, holdings
 from ate_devplugin.observability.metrics import PodResourcesMetrics
+from ate_devplugin.settings import PodResourcesSettings
+from ate_devplugin.tasks import Guard
 from tests.unit.fakes import until
 
 KVM = "ate.dev/kvm"
@@ -74,15 +76,11 @@ class Setup:
         self.lister = FakeLister()
         self.registry = CollectorRegistry()
         self.health = {KVM: HEALTHY}
+        settings = PodResourcesSettings(str(self.socket), interval_s, debounce_s=0.0, timeout_s=5.0, checkpoint=None)
         self.watch = PodResourcesWatch(
-            str(self.socket),
-            PodResourcesMetrics(self.registry),
-            tracer or NoOpTracer(),
-            lambda: dict(self.health),
-            interval_s=interval_s,
-            debounce_s=0.0,
-            timeout_s=5.0,
+            settings, PodResourcesMetrics(self.registry), tracer or NoOpTracer(), lambda: dict(self.health)
         )
+        self.guard = Guard(lambda name, error: None)
 
     def units(self, namespace: str, name: str, container: str, resource: str = KVM) -> float | None:
         labels = {"resource_name": resource, "namespace": namespace, "pod": name, "container": container}
@@ -99,7 +97,7 @@ async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
     try:
         yield s
     finally:
-        await s.watch.stop()
+        await s.watch.stop(1.0)
         await server.stop(None)
 
 
@@ -158,7 +156,7 @@ async def test_device_loss_counts_the_pods_names_them_in_a_log_line_and_a_span_e
     server = await serve(s.socket, s.lister)
     try:
         s.lister.pods = [pod("vm", "a", ("vmm", KVM, 1)), pod("vm", "b", ("vmm", KVM, 1))]
-        s.watch.start()
+        await s.watch.start((), s.guard)
         await until(lambda: s.value("ate_devplugin_pods_holding_units", resource_name=KVM) == 2, "first List")
         calls = s.lister.calls
 
@@ -186,7 +184,7 @@ async def test_device_loss_counts_the_pods_names_them_in_a_log_line_and_a_span_e
         s.watch.health_changed(KVM, HEALTHY, None)
         assert s.value("ate_devplugin_pods_on_unhealthy_device", resource_name=KVM) == 0
     finally:
-        await s.watch.stop()
+        await s.watch.stop(1.0)
         await server.stop(None)
 
 
@@ -212,7 +210,7 @@ async def test_the_loss_is_a_child_of_the_device_change(tmp_path: Path) -> None:
             "ate_devplugin.pod_count": 0,
         }
     finally:
-        await s.watch.stop()
+        await s.watch.stop(1.0)
         await server.stop(None)
 
 
@@ -250,7 +248,7 @@ async def test_failures_are_counted_logged_once_and_the_next_list_recovers(
         finally:
             await server.stop(None)
     finally:
-        await s.watch.stop()
+        await s.watch.stop(1.0)
 
 
 async def test_a_loss_seen_while_the_kubelet_does_not_answer_is_reported_by_the_next_list(
@@ -270,25 +268,25 @@ async def test_a_loss_seen_while_the_kubelet_does_not_answer_is_reported_by_the_
         finally:
             await server.stop(None)
     finally:
-        await s.watch.stop()
+        await s.watch.stop(1.0)
 
 
 async def test_without_events_the_fallback_interval_lists_again(tmp_path: Path) -> None:
     s = Setup(tmp_path, interval_s=0.05)
     server = await serve(s.socket, s.lister)
     try:
-        s.watch.start()
+        await s.watch.start((), s.guard)
         await until(lambda: s.lister.calls >= 3, "Lists on the interval")
         s.lister.pods = [pod("vm", "a", ("vmm", KVM, 1))]
         await until(lambda: s.units("vm", "a", "vmm") == 1, "the pod seen on the interval")
     finally:
-        await s.watch.stop()
+        await s.watch.stop(1.0)
         await server.stop(None)
 
 
 async def test_requests_are_coalesced(setup: Setup) -> None:
     setup.watch.debounce_s = 0.2
-    setup.watch.start()
+    await setup.watch.start((), setup.guard)
     await until(lambda: setup.lister.calls == 1, "the first List")
     for _ in range(20):
         setup.watch.refresh()
@@ -313,10 +311,10 @@ async def test_series_of_a_resource_no_longer_served_go(setup: Setup) -> None:
 
 async def test_stop_before_start_and_twice_is_safe(tmp_path: Path) -> None:
     s = Setup(tmp_path)
-    await s.watch.stop()
-    s.watch.start()
-    await s.watch.stop()
-    await s.watch.stop()
+    await s.watch.stop(1.0)
+    await s.watch.start((), s.guard)
+    await s.watch.stop(1.0)
+    await s.watch.stop(1.0)
     assert s.watch.task is not None
     assert s.watch.task.cancelled()
 
@@ -334,7 +332,7 @@ async def test_an_unexpected_error_is_logged_and_the_next_request_lists_again(
 
     setup.watch._health = fails_once
     setup.lister.pods = [pod("vm", "a", ("vmm", KVM, 1))]
-    setup.watch.start()
+    await setup.watch.start((), setup.guard)
     await until(lambda: any(r.message == "listing pod resources failed" for r in caplog.records), "logged")
     assert setup.value("ate_devplugin_pod_resources_requests_total", result="error") == 1
     setup.watch.refresh()
@@ -348,4 +346,4 @@ async def test_no_pod_counts_before_a_list_answered(tmp_path: Path) -> None:
     await s.watch.list_once()  # no socket
     assert s.value("ate_devplugin_pods_on_unhealthy_device", resource_name=KVM) is None
     assert s.value("ate_devplugin_pods_holding_units", resource_name=KVM) is None
-    await s.watch.stop()
+    await s.watch.stop(1.0)

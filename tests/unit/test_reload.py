@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from ate_devplugin.reload import Worker, WorkerBusyError
+from ate_devplugin.tasks import Worker, WorkerBusyError
 
 
 async def test_calls_in_a_row_each_run() -> None:

@@ -1,4 +1,4 @@
-"""cli.serve in-process: signals stop or reload it; the probes answer meanwhile (no root)."""
+"""runtime.serve in-process: signals stop or reload it; the probes answer meanwhile (no root)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ate_devplugin import cli, config
+from ate_devplugin import config, runtime
 from ate_devplugin.settings import Timing, resolve
 
 KVM_ONLY = "resources: [{name: ate.dev/kvm, devices: [/dev/kvm]}]\n"
@@ -45,7 +45,7 @@ def test_serve_stops_on_a_terminating_signal(tmp_path: Path, caplog: pytest.LogC
     answers: list[tuple[int, str]] = []
 
     async def main() -> None:
-        serving = asyncio.create_task(cli.serve(settings, config.load(settings.config, settings.plugin_dir)))
+        serving = asyncio.create_task(runtime.serve(settings, config.load(settings.config, settings.plugin_dir)))
         while not any("listening for metrics" in r.getMessage() for r in caplog.records):
             await asyncio.sleep(0.01)
         port = next(r for r in caplog.records if "listening for metrics" in r.getMessage()).__dict__["address"]

@@ -3,7 +3,7 @@ import socket
 import time
 from pathlib import Path
 
-from ate_devplugin.deviceplugin.ports import socket_identity
+from ate_devplugin.host.sockets import socket_identity
 
 
 def bind(path: Path) -> socket.socket:

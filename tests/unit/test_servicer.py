@@ -14,7 +14,7 @@ from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
 from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2_grpc
 from ate_devplugin.config import MountConfig, ResourceConfig
 from ate_devplugin.deviceplugin.inventory import ResourceState
-from ate_devplugin.deviceplugin.server import PluginServer
+from ate_devplugin.deviceplugin.server import plugin_server
 from ate_devplugin.deviceplugin.servicer import DevicePluginServicer, plugin_options
 from ate_devplugin.host.devices import DeviceNode, Discovery
 from ate_devplugin.observability.metrics import Metrics
@@ -49,7 +49,7 @@ async def plugin(tmp_path: Path) -> AsyncIterator[Plugin]:
     metrics = Metrics(CollectorRegistry())
     metrics.add_resource(RESOURCE.name)
     tracer = NoOpTracerProvider().get_tracer("test")
-    server = PluginServer(str(tmp_path / "p.sock"), DevicePluginServicer(state, metrics, tracer))
+    server = plugin_server(str(tmp_path / "p.sock"), DevicePluginServicer(state, metrics, tracer))
     await server.start()
     async with grpc.aio.insecure_channel(f"unix://{tmp_path}/p.sock") as channel:
         yield Plugin(state, metrics, api_pb2_grpc.DevicePluginStub(channel))  # type: ignore[no-untyped-call]
@@ -206,7 +206,7 @@ async def test_allocate_names_the_cdi_device_when_the_resource_uses_cdi(tmp_path
     state = ResourceState(replace(RESOURCE, allocate=allocate_with))
     state.update(PRESENT)
     metrics = Metrics(CollectorRegistry())
-    server = PluginServer(
+    server = plugin_server(
         str(tmp_path / "p.sock"), DevicePluginServicer(state, metrics, NoOpTracerProvider().get_tracer("t"))
     )
     await server.start()

@@ -10,59 +10,48 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from opentelemetry import context
 from opentelemetry.trace import SpanKind, Tracer
 
 from ate_devplugin.config import ResourceConfig
 from ate_devplugin.deviceplugin.inventory import HEALTHY, UNHEALTHY, ResourceState
-from ate_devplugin.deviceplugin.ports import Clock, Filesystem, KubeletClient, Server
+from ate_devplugin.deviceplugin.ports import Ports
 from ate_devplugin.deviceplugin.reconciler import Action, Decision, Observed, decide
 from ate_devplugin.deviceplugin.registration import Backoff, RegistrationError
-from ate_devplugin.deviceplugin.server import ServeError
 from ate_devplugin.deviceplugin.servicer import plugin_options
 from ate_devplugin.host.devices import Discovery
+from ate_devplugin.host.sockets import ServeError
 from ate_devplugin.observability.metrics import Metrics
-from ate_devplugin.settings import Timing
+from ate_devplugin.settings import DevicePluginSettings
+from ate_devplugin.tasks import Guard, cancel
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Ports:
-    fs: Filesystem
-    kubelet: KubeletClient
-    clock: Clock
-    make_server: Callable[[ResourceState], Server]
 
 
 class ResourceAgent:
     def __init__(
         self,
         config: ResourceConfig,
-        kubelet_socket: str,
+        settings: DevicePluginSettings,
         ports: Ports,
-        timing: Timing,
         metrics: Metrics,
         tracer: Tracer,
         *,
         check_kubelet: Callable[[], None] = lambda: None,
-        on_death: Callable[[str, BaseException], None] = lambda name, exc: None,
     ) -> None:
         self.config = config
-        self.kubelet_socket = kubelet_socket
+        self.kubelet_socket = settings.kubelet_socket
         self.ports = ports
-        self.timing = timing
+        self.settings = settings
         self.metrics = metrics
         self.tracer = tracer
         self._check_kubelet = check_kubelet
-        self._on_death = on_death
         self.state = ResourceState(config)
         self.state.on_streams_changed = self._streams_changed
         self.server = ports.make_server(self.state)
         self._woken = asyncio.Event()
-        self._backoff = Backoff(timing.backoff_initial_s, timing.backoff_cap_s)
+        self._backoff = Backoff(settings.backoff_initial_s, settings.backoff_cap_s)
         self._retry_at = 0.0
         self._registered = False
         self._no_stream_since = 0.0
@@ -75,6 +64,13 @@ class ResourceAgent:
     @property
     def name(self) -> str:
         return self.config.name
+
+    @property
+    def socket_path(self) -> str:
+        return self.server.socket_path
+
+    def socket_intact(self) -> bool:
+        return self.server.socket_intact()
 
     @property
     def serving(self) -> bool:
@@ -148,37 +144,23 @@ class ResourceAgent:
 
     # --- running and stopping -----------------------------------------------------------
 
-    def start(self) -> None:
-        self.task = asyncio.create_task(self._run(), name=f"agent {self.name}")
-        self.task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled():
-            return
-        exc = task.exception() or RuntimeError("the agent returned")
-        log.error("agent for %s died", self.name, exc_info=exc)
-        self._on_death(self.name, exc)
+    def start(self, guard: Guard) -> None:
+        self.task = guard.spawn("agent", self._run(), f"agent {self.name}")
 
     async def stop(self) -> bool:
-        """Stops within ``timing.agent_stop_s``, safe to call again; False if the task was stuck.
+        """Stops within ``agent_stop_s``, safe to call again; False if the task was stuck.
 
-        The task is cancelled until it ends: a cancellation can be lost (Python 3.11's
-        wait_for drops one landing in the step its result arrives), and asyncio.wait never
-        swallows ours. The cleanup runs here, not in the cancelled task.
+        The cleanup runs here, not in the cancelled task.
         """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timing.agent_stop_s
-        task = self.task
-        while task is not None and not task.done() and loop.time() < deadline:
-            task.cancel()
-            await asyncio.wait({task}, timeout=min(0.1, max(0.0, deadline - loop.time())))
-        stuck = task is not None and not task.done()
+        deadline = loop.time() + self.settings.agent_stop_s
+        stuck = not await cancel(self.task, self.settings.agent_stop_s)
         if stuck:
-            log.error("agent for %s did not stop within %.1fs", self.name, self.timing.agent_stop_s)
+            log.error("agent for %s did not stop within %.1fs", self.name, self.settings.agent_stop_s)
         self.state.close()
         self._registered = False
         self._publish()
-        grace = min(self.timing.server_stop_grace_s, max(0.0, deadline - loop.time()))
+        grace = min(self.settings.server_stop_grace_s, max(0.0, deadline - loop.time()))
         await self.server.stop(grace)
         log.info("stopped serving", extra={"resource": self.name})
         return not stuck
@@ -193,7 +175,7 @@ class ResourceAgent:
             now=self.ports.clock.monotonic(),
             retry_at=self._retry_at,
             no_stream_since=self._no_stream_since,
-            stream_grace=self.timing.stream_grace_s,
+            stream_grace=self.settings.stream_grace_s,
         )
 
     async def _run(self) -> None:

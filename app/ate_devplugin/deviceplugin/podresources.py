@@ -15,7 +15,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -24,9 +24,14 @@ from opentelemetry.trace import Span, SpanKind, Tracer
 
 from ate_devplugin.api.podresources.v1 import api_pb2 as pb
 from ate_devplugin.api.podresources.v1 import api_pb2_grpc
+from ate_devplugin.config import ResourceConfig
 from ate_devplugin.deviceplugin.inventory import UNHEALTHY
+from ate_devplugin.host.devices import Discovery
+from ate_devplugin.host.watcher import FsEvent, Watches
 from ate_devplugin.observability.metrics import PodResourcesMetrics
 from ate_devplugin.observability.tracing import rpc_span, set_rpc_status
+from ate_devplugin.settings import PodResourcesSettings
+from ate_devplugin.tasks import Guard, cancel
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +63,19 @@ def holdings(response: pb.ListPodResourcesResponse, resources: Collection[str]) 
     return held
 
 
+def asks_for_list(batch: Iterable[FsEvent], checkpoint: str | None, socket: str) -> bool:
+    """Whether a batch may have changed the pods holding units: the device manager's
+    checkpoint rewritten (a temporary file renamed over it, or written in place), or the
+    PodResources socket made anew (a kubelet restart)."""
+    for e in batch:
+        target = e.dest_path if e.kind == "moved" else e.path
+        if checkpoint and target == checkpoint and e.kind in ("moved", "created", "closed"):
+            return True
+        if e.kind in ("created", "moved") and target == socket:
+            return True
+    return False
+
+
 def pods_of(held: Mapping[Key, int], resource: str) -> list[str]:
     """``namespace/pod`` of every pod holding units of ``resource``, sorted."""
     return sorted({f"{ns}/{pod}" for (r, ns, pod, _) in held if r == resource})
@@ -74,25 +92,24 @@ class Lost:
 class PodResourcesWatch:
     """Keeps the pod-holding series of the daemon's resources up to date."""
 
+    name = "pod resources"
+
     def __init__(
         self,
-        socket_path: str,
+        settings: PodResourcesSettings,
         metrics: PodResourcesMetrics,
         tracer: Tracer,
         health: Callable[[], Mapping[str, str]],
-        *,
-        interval_s: float,
-        debounce_s: float,
-        timeout_s: float,
     ) -> None:
         """``health`` gives the advertised health of every resource served, by name."""
-        self.socket_path = socket_path
+        self.socket_path = settings.socket
+        self.checkpoint = settings.checkpoint
         self.metrics = metrics
         self.tracer = tracer
         self._health = health
-        self.interval_s = interval_s
-        self.debounce_s = debounce_s
-        self.timeout_s = timeout_s
+        self.interval_s = settings.interval_s
+        self.debounce_s = settings.debounce_s
+        self.timeout_s = settings.timeout_s
         self.held: dict[Key, int] = {}
         self._listed = False  # a List has answered
         self._exported: set[Key] = set()
@@ -102,7 +119,42 @@ class PodResourcesWatch:
         self._failure: str | None = None  # the failure reported last, to report each once
         self.task: asyncio.Task[None] | None = None
 
-    # --- told by the daemon -----------------------------------------------------------
+    # --- the component ----------------------------------------------------------------
+
+    async def start(self, resources: tuple[ResourceConfig, ...], guard: Guard) -> None:
+        """The first List at once: started after the first discovery, it sees the devices' health."""
+        self._wanted.set()
+        self.task = guard.spawn("pod_resources", self._run(), "pod resources")
+
+    async def stop(self, deadline_s: float) -> list[str]:
+        return [] if await cancel(self.task, deadline_s) else ["pod resources"]
+
+    def readiness(self) -> tuple[bool, str]:
+        return True, ""  # never holds up readiness: it only reports
+
+    def liveness(self) -> tuple[bool, str]:
+        return True, ""
+
+    def watches(self) -> Watches:
+        # The kubelet makes its PodResources socket anew when it restarts; the checkpoint
+        # is in the device plugin's (quiet) directory.
+        pod_dir = os.path.dirname(self.socket_path)
+        return Watches(
+            dirs=frozenset({pod_dir} if os.path.isdir(pod_dir) else ()),
+            files=frozenset({self.checkpoint} if self.checkpoint else ()),
+        )
+
+    def on_fs_events(self, batch: Sequence[FsEvent]) -> None:
+        if asks_for_list(batch, self.checkpoint, self.socket_path):
+            self.refresh()
+
+    async def on_resources(self, resources: tuple[ResourceConfig, ...]) -> None:
+        self.refresh()  # the series of resources added or gone
+
+    def on_discovery(self, found: Mapping[str, Discovery]) -> None:
+        pass  # health changes come from the device plugin (health_changed)
+
+    # --- told by the device plugin ----------------------------------------------------
 
     def refresh(self) -> None:
         """Something may have changed the pods holding units: list again soon."""
@@ -115,15 +167,6 @@ class PodResourcesWatch:
             self._lost.append(Lost(resource, cause))
         self._publish_resources()
         self.refresh()
-
-    def start(self) -> None:
-        self._wanted.set()  # the first List, at once
-        self.task = asyncio.create_task(self._run(), name="pod resources")
-
-    async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            await asyncio.wait({self.task})
 
     # --- running ------------------------------------------------------------------------
 

@@ -3,15 +3,15 @@
 * :class:`Filesystem`: whether a path exists, and a socket's identity.
 * :class:`KubeletClient`: Register with the kubelet.
 * :class:`Clock`: monotonic time and sleeping.
-* :class:`Server`: one resource's gRPC server on its socket (server.PluginServer).
+* :class:`Server`: one resource's gRPC server on its socket (host.sockets.UnixServer).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -19,10 +19,9 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Tracer
 
 from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
+from ate_devplugin.deviceplugin.inventory import ResourceState
 from ate_devplugin.deviceplugin.registration import register
-
-# (st_dev, st_ino, st_mtime_ns) of a socket file.
-SocketId = tuple[int, int, int]
+from ate_devplugin.host.sockets import SocketId, socket_identity
 
 
 class Filesystem(Protocol):
@@ -53,28 +52,11 @@ class Server(Protocol):
     socket_path: str
 
     async def start(self) -> None:
-        """Raises server.ServeError."""
+        """Raises host.sockets.ServeError."""
 
     def socket_intact(self) -> bool: ...
 
     async def stop(self, grace: float | None) -> None: ...
-
-
-def socket_identity(path: str) -> SocketId | None:
-    """Tells one socket file from a later one of the same name; None unless a socket is there.
-
-    Not followed through symlinks: a symlink (or a file) renamed over a socket is not it.
-    The modification time is part of it because some filesystems (ext4) give a socket
-    bound again right after an unlink the same inode number; unlike the change time, it
-    stays put when the socket's mode or owner changes.
-    """
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    if not stat.S_ISSOCK(st.st_mode):
-        return None
-    return (st.st_dev, st.st_ino, st.st_mtime_ns)
 
 
 class HostFilesystem:
@@ -107,3 +89,11 @@ class SystemClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+
+@dataclass(frozen=True)
+class Ports:
+    fs: Filesystem
+    kubelet: KubeletClient
+    clock: Clock
+    make_server: Callable[[ResourceState], Server]

@@ -9,26 +9,30 @@ kubelet deregisters before the service disappears.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import grpc
 from opentelemetry.trace import Tracer
 
 from ate_devplugin.config import ResourceConfig
-from ate_devplugin.deviceplugin.server import bind_socket
 from ate_devplugin.dra import registration, service
 from ate_devplugin.dra.registration import RegistrationServicer
 from ate_devplugin.dra.service import ClaimReader, DraDriver
 from ate_devplugin.dra.slices import SliceApi, SlicePublisher, slot_devices
 from ate_devplugin.host.devices import Discovery
+from ate_devplugin.host.sockets import UnixServer
+from ate_devplugin.host.watcher import FsEvent, Watches
 from ate_devplugin.observability.metrics import DraMetrics
-from ate_devplugin.settings import DRA_DRIVER, Settings
+from ate_devplugin.settings import DraSettings
+from ate_devplugin.tasks import Guard
 
 log = logging.getLogger(__name__)
+
+# Grace for the kubelet's calls in flight when the driver stops.
+STOP_GRACE_S = 0.2
 
 
 class ApiServer(ClaimReader, SliceApi, Protocol):
@@ -38,9 +42,11 @@ class ApiServer(ClaimReader, SliceApi, Protocol):
 
 
 class DraPlugin:
+    name = "DRA driver"
+
     def __init__(
         self,
-        settings: Settings,
+        settings: DraSettings,
         api: ApiServer,
         cdi_id: Callable[[str], str],
         metrics: DraMetrics,
@@ -51,16 +57,50 @@ class DraPlugin:
         self.cdi_id = cdi_id
         self.metrics = metrics
         self.tracer = tracer
-        self.publisher = SlicePublisher(api, DRA_DRIVER, settings.node_name, metrics)
-        self.driver = DraDriver(DRA_DRIVER, settings.node_name, self._lookup, api, metrics)
+        driver, node = settings.driver, settings.node_name
+        self.publisher = SlicePublisher(api, driver, node, metrics)
+        self.driver = DraDriver(driver, node, self._lookup, api, metrics)
         self.registration = RegistrationServicer(
-            DRA_DRIVER, settings.dra_socket, lambda registered: metrics.registered.set(int(registered))
+            driver, settings.socket, lambda registered: metrics.registered.set(int(registered))
         )
-        self._servers: list[tuple[str, grpc.aio.Server]] = []
+        self._resources: tuple[ResourceConfig, ...] = ()
+        self._servers: list[UnixServer] = []
 
     def _lookup(self, device: str) -> str | None:
         resource = self.publisher.devices.get(device)
         return None if resource is None else self.cdi_id(resource)
+
+    # --- the component --------------------------------------------------------------
+
+    async def start(self, resources: tuple[ResourceConfig, ...], guard: Guard) -> None:
+        """Raises host.sockets.ServeError when a socket cannot be served."""
+        self._resources = resources
+        sockets: list[tuple[str, Callable[[grpc.aio.Server], None]]] = [
+            (self.settings.socket, lambda server: service.add_to_server(self.driver, self.tracer, server)),
+            (self.settings.registration_socket, lambda server: registration.add_to_server(self.registration, server)),
+        ]
+        for path, add_services in sockets:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            server = UnixServer(path, add_services)
+            await server.start()
+            self._servers.append(server)
+        self.publisher.start(guard)
+        log.info(
+            "DRA driver serving",
+            extra={"driver": self.settings.driver, "node": self.settings.node_name, "socket": self.settings.socket},
+        )
+
+    async def stop(self, deadline_s: float) -> list[str]:
+        """Sockets removed and slices deleted, within ``deadline_s`` for the API calls."""
+        for server in reversed(self._servers):
+            await server.stop(STOP_GRACE_S)
+        self._servers = []
+        try:
+            await asyncio.wait_for(self.publisher.stop(), deadline_s)
+        except Exception as exc:  # a failed cleanup must not hold the exit
+            log.error("could not delete this node's resource slices: %r", exc)
+        await self.api.close()
+        return []
 
     def readiness(self) -> tuple[bool, str]:
         if not self.registration.registered:
@@ -71,40 +111,19 @@ class DraPlugin:
             return False, "resource slices not yet published"
         return True, "DRA driver registered, slices published"
 
-    async def start(self) -> None:
-        dra = grpc.aio.server()
-        service.add_to_server(self.driver, self.tracer, dra)
-        await self._serve(self.settings.dra_socket, dra)
-        reg = grpc.aio.server()
-        registration.add_to_server(self.registration, reg)
-        await self._serve(self.settings.registration_socket, reg)
-        self.publisher.start()
-        log.info(
-            "DRA driver serving",
-            extra={"driver": DRA_DRIVER, "node": self.settings.node_name, "socket": self.settings.dra_socket},
-        )
+    def liveness(self) -> tuple[bool, str]:
+        return True, ""
 
-    def update(self, resources: tuple[ResourceConfig, ...], discoveries: Mapping[str, Discovery]) -> None:
+    def watches(self) -> Watches:
+        return Watches()
+
+    def on_fs_events(self, batch: Sequence[FsEvent]) -> None:
+        pass
+
+    async def on_resources(self, resources: tuple[ResourceConfig, ...]) -> None:
+        self._resources = resources  # published at the discovery that follows
+
+    def on_discovery(self, found: Mapping[str, Discovery]) -> None:
         """Publishes the resources whose device nodes are all present (their CDI specs are written by then)."""
-        present = [r.name for r in resources if discoveries[r.name].complete]
-        self.publisher.publish(slot_devices(present, self.settings.dra_slots))
-
-    async def _serve(self, path: str, server: grpc.aio.Server) -> None:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        bind_socket(server, path)
-        await server.start()
-        self._servers.append((path, server))
-
-    async def stop(self, deadline_s: float) -> bool:
-        """Sockets removed and slices deleted, within ``deadline_s`` for the API calls."""
-        for path, server in reversed(self._servers):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            await server.stop(0.2)
-        self._servers = []
-        try:
-            await asyncio.wait_for(self.publisher.stop(), deadline_s)
-        except Exception as exc:  # a failed cleanup must not hold the exit
-            log.error("could not delete this node's resource slices: %r", exc)
-        await self.api.close()
-        return True
+        present = [r.name for r in self._resources if found[r.name].complete]
+        self.publisher.publish(slot_devices(present, self.settings.slots))

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from typing import Any, Protocol
 
 from ate_devplugin.observability.metrics import DraMetrics
+from ate_devplugin.tasks import Guard, cancel
 
 log = logging.getLogger(__name__)
 
@@ -117,17 +118,16 @@ class SlicePublisher:
         self.devices = dict(devices)
         self._changed()
 
-    def start(self) -> None:
+    def start(self, guard: Guard) -> None:
         self._tasks = [
-            asyncio.create_task(self._watch_loop(), name="resourceslice watch"),
-            asyncio.create_task(self._sync_loop(), name="resourceslice sync"),
+            guard.spawn("slice_watch", self._watch_loop(), "resourceslice watch"),
+            guard.spawn("slice_sync", self._sync_loop(), "resourceslice sync"),
         ]
 
-    async def stop(self) -> None:
-        """Stops watching and deletes this node's slices (best effort: the caller bounds it)."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+    async def stop(self, deadline_s: float = 1.0) -> None:
+        """Stops watching (each task within ``deadline_s``) and deletes this node's slices
+        (best effort: the caller bounds it)."""
+        await asyncio.gather(*(cancel(task, deadline_s) for task in self._tasks))
         self._tasks = []
         items, _ = await self.api.list_slices(self.driver, self.node)
         for item in items:

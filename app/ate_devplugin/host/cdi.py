@@ -18,13 +18,16 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from ate_devplugin.host.watcher import FsEvent, Watches
 
 if TYPE_CHECKING:
     from ate_devplugin.config import ResourceConfig
-    from ate_devplugin.host.devices import DeviceNode
+    from ate_devplugin.host.devices import DeviceNode, Discovery
     from ate_devplugin.observability.metrics import Metrics
+    from ate_devplugin.tasks import Guard
 
 log = logging.getLogger(__name__)
 
@@ -103,15 +106,58 @@ def spec(resource: ResourceConfig, nodes: Sequence[DeviceNode]) -> dict[str, Any
 class CdiSpecs:
     """Writes and removes the spec files of resources in one CDI directory.
 
+    As a component, it keeps a spec for every resource that answers Allocate with CDI
+    names (for every resource when ``every_resource``: a DRA driver answers with CDI names
+    only), following the devices found, and removes them all when stopped: no runtime may
+    resolve a name nobody serves.
+
     Writes only what changed: ``write`` with the same content again touches nothing.
     Failures are logged and counted (``ate_devplugin_cdi_spec_updates_total``), never
     raised: the next discovery tries again.
     """
 
-    def __init__(self, cdi_dir: str, metrics: Metrics | None = None) -> None:
+    name = "CDI specs"
+
+    def __init__(self, cdi_dir: str, metrics: Metrics | None = None, every_resource: bool = False) -> None:
         self.cdi_dir = cdi_dir
         self.metrics = metrics
+        self.every_resource = every_resource
         self._written: dict[str, bytes] = {}  # resource name -> the content on disk
+        self._resources: tuple[ResourceConfig, ...] = ()
+
+    # --- the component --------------------------------------------------------------
+
+    async def start(self, resources: tuple[ResourceConfig, ...], guard: Guard) -> None:
+        self._resources = resources
+
+    async def stop(self, deadline_s: float) -> list[str]:
+        self.remove_all()
+        return []
+
+    def readiness(self) -> tuple[bool, str]:
+        return True, ""
+
+    def liveness(self) -> tuple[bool, str]:
+        return True, ""
+
+    def watches(self) -> Watches:
+        return Watches()
+
+    def on_fs_events(self, batch: Sequence[FsEvent]) -> None:
+        pass
+
+    async def on_resources(self, resources: tuple[ResourceConfig, ...]) -> None:
+        self._resources = resources  # written at the discovery that follows
+
+    def on_discovery(self, found: Mapping[str, Discovery]) -> None:
+        wanted = {r.name for r in self._resources if self.every_resource or r.uses_cdi}
+        for resource in self._resources:
+            if resource.name in wanted:
+                self.write(resource, found[resource.name].nodes)
+        for name in self.resources - wanted:  # left the config, or no longer uses CDI
+            self.remove(name)
+
+    # --- the files ------------------------------------------------------------------
 
     @property
     def resources(self) -> set[str]:

@@ -15,6 +15,7 @@ import fnmatch
 import logging
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Protocol
@@ -56,6 +57,10 @@ class Discovery:
 
     nodes: tuple[DeviceNode, ...]
     complete: bool  # every configured path (and every glob) matched at least one node
+
+
+# What the daemon calls to find one resource's devices under a root (discover, or a fake).
+Discover = Callable[[ResourceConfig, str], Discovery]
 
 
 class EscapesRootError(Exception):

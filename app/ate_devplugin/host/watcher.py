@@ -1,11 +1,16 @@
-"""Filesystem events (inotify through watchdog), handed to the event loop in one place."""
+"""Filesystem events (inotify through watchdog), handed to the event loop in one place.
+
+What to watch is said as :class:`Watches`, the union of what every component asked for;
+the events that cannot matter are dropped on the observer's thread, before the loop is
+even woken.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from watchdog.events import (
@@ -51,13 +56,52 @@ class FsEvent:
         return (self.path, self.dest_path) if self.dest_path else (self.path,)
 
 
+@dataclass(frozen=True)
+class Watches:
+    """Directories whose every event may matter, and quiet ones where only directories,
+    sockets (``*.sock``) and the given ``files`` do: the kubelet rewrites its checkpoint in
+    its plugin directory at every admission, and handling those events cost more CPU than
+    the Allocate call itself. A directory that does not exist yet is watched through its
+    nearest existing ancestor, so its making is seen."""
+
+    dirs: frozenset[str] = frozenset()
+    quiet_dirs: frozenset[str] = frozenset()
+    files: frozenset[str] = frozenset()
+
+    def __or__(self, other: Watches) -> Watches:
+        return Watches(self.dirs | other.dirs, self.quiet_dirs | other.quiet_dirs, self.files | other.files)
+
+    @property
+    def quiet(self) -> frozenset[str]:
+        """The quiet directories nobody watches in full."""
+        return self.quiet_dirs - {nearest_existing(d) for d in self.dirs}
+
+
+def matters(event: FsEvent, quiet: Collection[str], also: Collection[str] = ()) -> bool:
+    """Whether a filesystem event can mean anything: in a ``quiet`` directory only
+    directories, sockets and the files ``also`` do."""
+    if event.is_directory:
+        return True
+    return any(os.path.dirname(p) not in quiet or p.endswith(".sock") or p in also for p in event.paths())
+
+
+def removed_dirs(batch: Iterable[FsEvent]) -> list[str]:
+    """Directories removed or renamed away: their watches must go."""
+    return [e.path for e in batch if e.is_directory and e.kind in ("deleted", "moved")]
+
+
+def touches(batch: Iterable[FsEvent], directory: str) -> bool:
+    """Whether an event names a path directly in ``directory`` (a config file's, say)."""
+    return any(os.path.dirname(p) == directory for e in batch for p in e.paths())
+
+
 class _Forward(FileSystemEventHandler):
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, put: Callable[[FsEvent], None], keep: Callable[[FsEvent], bool]
-    ) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, put: Callable[[FsEvent], None]) -> None:
         self._loop = loop
         self._put = put
-        self._keep = keep
+        # Replaced whole (never changed in place) by the loop's thread, read on the observer's.
+        self.quiet: frozenset[str] = frozenset()
+        self.also: frozenset[str] = frozenset()
 
     def on_any_event(self, event: FileSystemEvent) -> None:
         fs_event = FsEvent(
@@ -67,24 +111,18 @@ class _Forward(FileSystemEventHandler):
             is_directory=event.is_directory,
         )
         # Dropped here, on the observer's thread: the event loop is not even woken.
-        if self._keep(fs_event):
+        if matters(fs_event, self.quiet, self.also):
             self._loop.call_soon_threadsafe(self._put, fs_event)
 
 
 class Watcher:
     """Watches a set of directories, non-recursively, and can change the set at any time."""
 
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        put: Callable[[FsEvent], None],
-        keep: Callable[[FsEvent], bool] = lambda _: True,
-    ) -> None:
-        """``put`` receives every event ``keep`` (called on the observer's thread) keeps,
-        on the loop's thread."""
+    def __init__(self, loop: asyncio.AbstractEventLoop, put: Callable[[FsEvent], None]) -> None:
+        """``put`` receives every event that matters, on the loop's thread."""
         self._observer = InotifyObserver(timeout=_DISPATCH_TIMEOUT_S)
         self._observer.daemon = True
-        self._handler = _Forward(loop, put, keep)
+        self._handler = _Forward(loop, put)
         # Each watch is kept with the directory's identity: a directory removed and
         # made again under the same name needs a new inotify watch.
         self._watches: dict[str, tuple[ObservedWatch, tuple[int, int]]] = {}
@@ -92,7 +130,9 @@ class Watcher:
     def start(self) -> None:
         self._observer.start()
 
-    def watch(self, dirs: set[str]) -> None:
+    def watch(self, watches: Watches) -> None:
+        self._handler.quiet, self._handler.also = watches.quiet, watches.files
+        dirs = {nearest_existing(d) for d in watches.dirs | watches.quiet_dirs}
         for path, (watch, ident) in list(self._watches.items()):
             if path not in dirs or _identity(path) != ident:
                 self._observer.unschedule(watch)

@@ -57,11 +57,14 @@ class HttpServer:
         loop: asyncio.AbstractEventLoop,
         readiness: Callable[[], tuple[bool, str]],
         liveness: Callable[[], tuple[bool, str]] = lambda: (True, "ok"),
+        on_death: Callable[[BaseException], None] = lambda error: None,
     ) -> None:
+        """``on_death`` hears, on the endpoint's thread, of an error that ended it (tasks.Guard.for_thread)."""
         self._registry = registry
         self._daemon_loop = loop
         self._readiness = readiness
         self._liveness = liveness
+        self._on_death = on_death
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.create_server((host, port), family=family, backlog=BACKLOG)
         self.port: int = self._sock.getsockname()[1]
@@ -88,6 +91,12 @@ class HttpServer:
         self._workers.shutdown(wait=False, cancel_futures=True)
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # told, not raised: nobody would hear it on this thread
+            self._on_death(exc)
+
+    def _serve(self) -> None:
         loop = self._loop
         asyncio.set_event_loop(loop)
         server = loop.run_until_complete(

@@ -25,6 +25,8 @@ ALLOCATE_CODES = ("OK", "INVALID_ARGUMENT", "FAILED_PRECONDITION", "INTERNAL")
 # event_handling: a batch of events not handled within its deadline; agent_stop: an
 # agent's task that did not end when cancelled.
 STALL_REASONS = ("event_handling", "agent_stop")
+# The kinds of guarded task (tasks.Guard): each runs for as long as the daemon does.
+TASK_KINDS = ("agent", "event_router", "http", "pod_resources", "slice_watch", "slice_sync")
 CDI_SPEC_UPDATES = tuple((action, result) for action in ("write", "remove") for result in ("success", "failure"))
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
@@ -107,6 +109,14 @@ class Metrics:
         )
         for reason in STALL_REASONS:
             self.lifecycle_stalls.labels(reason)
+        self.task_failures = Counter(
+            f"{PREFIX}_task_failures",
+            "Long-running tasks that ended unexpectedly (the daemon then exits 1), by kind.",
+            ["task"],
+            registry=r,
+        )
+        for kind in TASK_KINDS:
+            self.task_failures.labels(kind)
         # --- CDI specs ---
         self.cdi_spec_updates = Counter(
             f"{PREFIX}_cdi_spec_updates",
