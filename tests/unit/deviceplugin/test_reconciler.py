@@ -38,6 +38,8 @@ ROWS = [
     ("kubelet up, not registered: register", case(registered=False, kubelet_stream=False), Action.REGISTER, None),
     ("registration failed, backoff pending", case(registered=False, retry_at=130.0), Action.WAIT, 130.0),
     ("new kubelet socket reset the backoff (retry_at 0)", case(registered=False, retry_at=0.0), Action.REGISTER, None),
+    # Once present a resource stays advertised (Unhealthy when its devices go): the agent
+    # observes ``present`` as "ever present", so this row is also the one of devices gone.
     ("registered, the kubelet holds its own stream: idle", case(), Action.WAIT, None),
     (
         "registered, kubelet's stream not yet open: wait out the grace",
@@ -57,7 +59,6 @@ ROWS = [
         Action.FORGET_REGISTRATION,
         None,
     ),
-    ("a present socket but no devices any more: keep serving (Unhealthy)", case(), Action.WAIT, None),
 ]
 
 

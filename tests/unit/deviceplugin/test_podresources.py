@@ -1,5 +1,5 @@
 """podresources.py against a fake PodResources server on a unix socket (the real kubelet's
-is in tests/e2e/test_pods_holding_units.py)."""
+is in tests/e2e/test_pods_holding_units.py). And what filesystem events ask for a List."""
 
 from __future__ import annotations
 
@@ -19,55 +19,14 @@ from opentelemetry.trace import NoOpTracer
 from prometheus_client import CollectorRegistry
 
 from ate_devplugin.api.podresources.v1 import api_pb2 as pb
-from ate_devplugin.api.podresources.v1 import api_pb2_grpc
 from ate_devplugin.deviceplugin import podresources
 from ate_devplugin.deviceplugin.inventory import HEALTHY, UNHEALTHY
-from ate_devplugin.deviceplugin.podresources import PodResourcesWatch, holdings
+from ate_devplugin.deviceplugin.podresources import PodResourcesWatch, asks_for_list, holdings
+from ate_devplugin.host.watcher import FsEvent
 from ate_devplugin.observability.metrics import PodResourcesMetrics
 from ate_devplugin.settings import PodResourcesSettings
 from ate_devplugin.tasks import Guard
-from tests.unit.fakes import until
-
-KVM = "ate.dev/kvm"
-TUN = "ate.dev/tun"
-
-
-def pod(namespace: str, name: str, *containers: tuple[str, str, int]) -> pb.PodResources:
-    """A pod whose containers hold (container, resource, units)."""
-    return pb.PodResources(
-        name=name,
-        namespace=namespace,
-        containers=[
-            pb.ContainerResources(
-                name=c,
-                devices=[pb.ContainerDevices(resource_name=r, device_ids=[f"{r}-{i}" for i in range(n)])],
-            )
-            for c, r, n in containers
-        ],
-    )
-
-
-class FakeLister(api_pb2_grpc.PodResourcesListerServicer):
-    """Answers List with ``pods``, or fails with ``fail`` when set."""
-
-    def __init__(self) -> None:
-        self.pods: list[pb.PodResources] = []
-        self.fail: grpc.StatusCode | None = None
-        self.calls = 0
-
-    async def List(self, request: pb.ListPodResourcesRequest, context: Any) -> pb.ListPodResourcesResponse:
-        self.calls += 1
-        if self.fail is not None:
-            await context.abort(self.fail, "injected")
-        return pb.ListPodResourcesResponse(pod_resources=self.pods)
-
-
-async def serve(socket: Path, lister: FakeLister) -> grpc.aio.Server:
-    server = grpc.aio.server()
-    api_pb2_grpc.add_PodResourcesListerServicer_to_server(lister, server)  # type: ignore[no-untyped-call]
-    server.add_insecure_port(f"unix://{socket}")
-    await server.start()
-    return server
+from tests.unit.fakes import KVM, TUN, FakeLister, pod, serve, until
 
 
 class Setup:
@@ -347,3 +306,42 @@ async def test_no_pod_counts_before_a_list_answered(tmp_path: Path) -> None:
     assert s.value("ate_devplugin_pods_on_unhealthy_device", resource_name=KVM) is None
     assert s.value("ate_devplugin_pods_holding_units", resource_name=KVM) is None
     await s.watch.stop(1.0)
+
+
+D = "/var/lib/kubelet/device-plugins"
+
+
+def fs(kind: str, path: str, dest: str = "", is_dir: bool = False) -> FsEvent:
+    return FsEvent(kind=kind, path=path, dest_path=dest, is_directory=is_dir)
+
+
+CHECKPOINT = f"{D}/kubelet_internal_checkpoint"
+
+
+POD_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+
+POD_ROWS: list[tuple[str, list[FsEvent], bool]] = [
+    (
+        "checkpoint rewritten (temp file renamed over it)",
+        [
+            fs("created", f"{D}/.tmp1"),
+            fs("closed", f"{D}/.tmp1"),
+            fs("moved", f"{D}/.tmp1", f"{D}/kubelet_internal_checkpoint"),
+        ],
+        True,
+    ),
+    ("checkpoint written in place", [fs("closed", f"{D}/kubelet_internal_checkpoint")], True),
+    ("checkpoint removed: nothing", [fs("deleted", f"{D}/kubelet_internal_checkpoint")], False),
+    ("PodResources socket made anew", [fs("created", POD_SOCKET)], True),
+    ("PodResources socket gone: nothing", [fs("deleted", POD_SOCKET)], False),
+]
+
+
+@pytest.mark.parametrize(("why", "batch", "asks"), POD_ROWS, ids=[r[0] for r in POD_ROWS])
+def test_what_asks_for_a_pod_resources_list(why: str, batch: list[FsEvent], asks: bool) -> None:
+    assert asks_for_list(batch, CHECKPOINT, POD_SOCKET) is asks, why
+
+
+def test_pods_not_read_by_the_device_plugin_no_checkpoint_events() -> None:
+    assert not asks_for_list([fs("moved", f"{D}/.tmp", CHECKPOINT)], None, POD_SOCKET)

@@ -24,12 +24,18 @@ from ate_devplugin.host.devices import DeviceNode, Discovery
 from ate_devplugin.observability.metrics import DraMetrics
 from ate_devplugin.settings import DRA_DRIVER, Settings, resolve
 from ate_devplugin.tasks import Guard
-from tests.unit.dra_fakes import FakeApi, cdi_id
+from tests.unit.dra.fakes import FakeApi, cdi_id
 from tests.unit.fakes import until
 
 NODE = "node-a"
+
+
 KVM = DEFAULT_RESOURCES[0]
+
+
 PRESENT = {KVM.name: Discovery(nodes=(DeviceNode("/dev/kvm", 10, 232),), complete=True)}
+
+
 ABSENT = {KVM.name: Discovery(nodes=(), complete=False)}
 
 
@@ -226,54 +232,3 @@ async def test_a_stale_socket_is_replaced(tmp_path: Path) -> None:
         assert list(response.claims) == ["u"]
     finally:
         await rig.plugin.stop(2.0)
-
-
-def test_other_resources_get_their_own_slots() -> None:
-    from ate_devplugin.dra.slices import device_name, slot_devices
-
-    assert slot_devices(["ate.dev/kvm", "ate.dev/tun"], 2) == {
-        "ate-dev-kvm-0": "ate.dev/kvm",
-        "ate-dev-kvm-1": "ate.dev/kvm",
-        "ate-dev-tun-0": "ate.dev/tun",
-        "ate-dev-tun-1": "ate.dev/tun",
-    }
-    assert device_name("Example.COM/" + "x" * 80, 7) == "example-com-" + "x" * 38 + "-7"
-
-
-@pytest.mark.parametrize(
-    ("flags", "env", "problem"),
-    [
-        ({"mode": "dra"}, {}, "node_name: is required in mode dra: set NODE_NAME (downward API) or --node-name"),
-        ({"mode": "kubelet"}, {}, "mode: must be one of device-plugin, dra, both (got 'kubelet')"),
-        ({"mode": "both", "dra_slots": "0"}, {"NODE_NAME": "n"}, "dra_slots: must be an integer from 1 to 1024"),
-        ({"registry_dir": "plugins_registry"}, {}, "registry_dir: must be an absolute path"),
-    ],
-)
-def test_dra_settings_are_checked(flags: dict[str, str], env: dict[str, str], problem: str) -> None:
-    from ate_devplugin.config import ConfigError
-
-    with pytest.raises(ConfigError) as caught:
-        resolve(flags, env)
-    assert str(caught.value).startswith(problem)
-
-
-def test_dra_settings_default_to_the_kubelet_paths() -> None:
-    default = resolve({}, {"NODE_NAME": "n"})
-    assert (default.mode, default.device_plugin, default.dra) == ("device-plugin", True, False)
-    both = resolve({"mode": "BOTH"}, {"ATE_DEVPLUGIN_NODE_NAME": "m", "NODE_NAME": "n"})
-    assert (both.device_plugin, both.dra, both.node_name, both.dra_slots) == (True, True, "m", 32)
-    assert both.registration_socket == "/var/lib/kubelet/plugins_registry/ate.dev-reg.sock"
-    assert both.dra_socket == "/var/lib/kubelet/plugins/ate.dev/dra.sock"
-
-
-def test_device_plugin_mode_loads_no_kubernetes_client() -> None:
-    import subprocess
-    import sys
-
-    code = (
-        "import sys, ate_devplugin.cli, ate_devplugin.daemon;"
-        "print(sorted(m for m in sys.modules"
-        " if m.startswith(('lightkube', 'ate_devplugin.dra', 'ate_devplugin.dra.kube'))))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
-    assert out.stdout.strip() == "[]"

@@ -4,7 +4,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GENERATED = ROOT / "app/ate_devplugin/api"
 PACKAGES = ("deviceplugin/v1beta1", "pluginregistration/v1", "dra/v1", "dra/v1beta1", "podresources/v1")
 

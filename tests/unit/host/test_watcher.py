@@ -1,4 +1,6 @@
-"""The watcher on temporary directories: events reach the loop; watches follow the set."""
+"""The watcher on temporary directories: events reach the loop; watches follow the set.
+What matters in a quiet directory, the config file's events and removed directories, one
+row per situation."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ import os
 import shutil
 from pathlib import Path
 
-from ate_devplugin.host.watcher import FsEvent, Watcher, Watches, nearest_existing
+import pytest
+
+from ate_devplugin.host.watcher import FsEvent, Watcher, Watches, matters, nearest_existing, removed_dirs, touches
 from tests.unit.fakes import until
 
 
@@ -85,3 +89,69 @@ def test_a_quiet_directory_watched_in_full_is_not_quiet(tmp_path: Path) -> None:
     assert (Watches(quiet_dirs=frozenset({str(tmp_path / "later")})) | dirs(tmp_path)).quiet == {
         str(tmp_path / "later")
     }
+
+
+D = "/var/lib/kubelet/device-plugins"
+
+
+CONFIG_DIR = "/etc/ate"
+
+
+def fs(kind: str, path: str, dest: str = "", is_dir: bool = False) -> FsEvent:
+    return FsEvent(kind=kind, path=path, dest_path=dest, is_directory=is_dir)
+
+
+CONFIG_ROWS: list[tuple[str, list[FsEvent], bool]] = [
+    ("config edited in place", [fs("closed", "/etc/ate/config.yaml")], True),
+    ("ConfigMap ..data swap", [fs("moved", "/etc/ate/..data_tmp", "/etc/ate/..data")], True),
+    ("renamed into the directory", [fs("moved", "/tmp/x", "/etc/ate/config.yaml")], True),
+    ("another directory", [fs("closed", "/etc/other/config.yaml")], False),
+    ("a device node", [fs("created", "/dev/kvm")], False),
+]
+
+
+@pytest.mark.parametrize(("why", "batch", "changed"), CONFIG_ROWS, ids=[r[0] for r in CONFIG_ROWS])
+def test_config_events(why: str, batch: list[FsEvent], changed: bool) -> None:
+    assert touches(batch, CONFIG_DIR) is changed, why
+
+
+def test_removed_directories_are_named() -> None:
+    batch = [
+        fs("deleted", "/dev/net", is_dir=True),
+        fs("moved", "/dev/old", "/dev/new", is_dir=True),
+        fs("deleted", "/dev/kvm"),
+        fs("created", "/dev/made", is_dir=True),
+    ]
+    assert removed_dirs(batch) == ["/dev/net", "/dev/old"]
+
+
+@pytest.mark.parametrize(
+    ("event", "quiet_dir", "kept"),
+    [
+        # The kubelet's checkpoint rewrite: a temporary file written, then renamed over.
+        (fs("created", f"{D}/.kubelet_internal_checkpoint.tmp"), D, False),
+        (fs("closed", f"{D}/.kubelet_internal_checkpoint.tmp"), D, False),
+        (fs("moved", f"{D}/.kubelet_internal_checkpoint.tmp", f"{D}/kubelet_internal_checkpoint"), D, False),
+        (fs("created", f"{D}/kubelet.sock"), D, True),
+        (fs("deleted", f"{D}/kvm.sock"), D, True),
+        (fs("moved", f"{D}/x.tmp", f"{D}/kvm.sock"), D, True),
+        (fs("moved", f"{D}/checkpoint", "/elsewhere/checkpoint"), D, True),
+        (fs("created", f"{D}/sub", is_dir=True), D, True),
+        (fs("deleted", D, is_dir=True), D, True),
+        # Not quiet (nothing given, or another directory): everything is kept.
+        (fs("created", f"{D}/kubelet_internal_checkpoint"), None, True),
+        (fs("created", "/dev/kvm"), D, True),
+    ],
+)
+def test_only_sockets_and_directories_matter_in_the_quiet_directory(
+    event: FsEvent, quiet_dir: str | None, kept: bool
+) -> None:
+    assert matters(event, {quiet_dir} if quiet_dir else set()) is kept
+
+
+def test_the_checkpoint_matters_while_pods_are_read() -> None:
+    checkpoint = f"{D}/kubelet_internal_checkpoint"
+    renamed = fs("moved", f"{D}/.kubelet_internal_checkpoint.tmp", checkpoint)
+    assert matters(renamed, {D}, also={checkpoint})
+    assert matters(fs("closed", checkpoint), {D}, also={checkpoint})
+    assert not matters(fs("created", f"{D}/.kubelet_internal_checkpoint.tmp"), {D}, also={checkpoint})

@@ -156,12 +156,17 @@ async def test_the_kubelet_dropping_its_stream_leads_to_registering_again(world:
 async def test_health_follows_the_devices(world: World) -> None:
     agent = await started(world)
     version = agent.state.version
+    before = (world.server.starts, world.server.stops, world.kubelet.calls)
     agent.apply_discovery(Discovery(nodes=(), complete=False))
     assert agent.state.health == "Unhealthy"
     assert agent.state.version == version + 1
     samples = {"resource_name": KVM.name, "health": "unhealthy"}
     assert world.metrics.registry.get_sample_value("ate_devplugin_devices", samples) == KVM.units
     assert world.metrics.registry.get_sample_value("ate_devplugin_device_health_changes_total", samples) == 1
+    # Devices gone: the resource stays served and registered, as Unhealthy.
+    await asyncio.sleep(0.05)
+    assert agent.serving
+    assert (world.server.starts, world.server.stops, world.kubelet.calls) == before
     await agent.stop()
 
 

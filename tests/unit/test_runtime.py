@@ -1,4 +1,5 @@
-"""runtime.serve in-process: signals stop or reload it; the probes answer meanwhile (no root)."""
+"""The composition root: serve in-process (signals stop or reload it; the probes answer
+meanwhile; no root), and what device-plugin mode loads."""
 
 from __future__ import annotations
 
@@ -63,3 +64,16 @@ def test_serve_stops_on_a_terminating_signal(tmp_path: Path, caplog: pytest.LogC
     assert "stopping" in messages
     assert "stopped" in messages
     assert any(getattr(r, "why", None) == signal.Signals(sig).name for r in caplog.records)
+
+
+def test_device_plugin_mode_loads_no_kubernetes_client() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, ate_devplugin.cli, ate_devplugin.daemon;"
+        "print(sorted(m for m in sys.modules"
+        " if m.startswith(('lightkube', 'ate_devplugin.dra', 'ate_devplugin.dra.kube'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]"
