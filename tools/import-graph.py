@@ -10,6 +10,8 @@ and those inside functions too: each says what a module needs to be understood.
     tools/import-graph.py --dot [--svg F]   Graphviz dot; with --svg, rendered by `dot` if installed
     tools/import-graph.py --rev main        the graph of a git revision instead of the work tree
     tools/import-graph.py --check           exit 1 on a circle, an upward arrow or a room without a layer
+    tools/import-graph.py --doc FILE        write the summary and the mermaid graph between FILE's
+                                            markers (with --check: exit 1 when they differ instead)
 
 Layers run from the bottom up: a room may import only rooms of lower layers (and itself).
 Rooms of one layer are peers and import none of each other.
@@ -323,6 +325,23 @@ def dot(graph: Graph) -> str:
     return "\n".join(lines)
 
 
+BEGIN, END = "<!-- import-graph: generated -->", "<!-- /import-graph -->"
+
+
+def doc_block(graph: Graph) -> str:
+    return f"{BEGIN}\n\n```\n{summary(graph)}\n```\n\n```mermaid\n{mermaid(graph)}\n```\n\n{END}"
+
+
+def update_doc(path: Path, graph: Graph, check: bool) -> bool:
+    """Whether the document's block already said this; rewritten unless ``check``."""
+    text = path.read_text()
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    new = text[:start] + doc_block(graph) + text[end:]
+    if not check and new != text:
+        path.write_text(new)
+    return new == text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rev", help="a git revision (default: the work tree)")
@@ -331,9 +350,14 @@ def main(argv: list[str] | None = None) -> int:
     out.add_argument("--dot", action="store_true", help="the module graph as Graphviz dot")
     parser.add_argument("--svg", type=Path, help="with --dot: render to this file (needs Graphviz's dot)")
     parser.add_argument("--check", action="store_true", help="exit 1 on a circle, an upward arrow or an unplaced room")
+    parser.add_argument("--doc", type=Path, help="the document whose generated block to write (or --check)")
     args = parser.parse_args(argv)
     graph = build(sources(args.rev))
-    if args.mermaid:
+    if args.doc is not None:
+        if not update_doc(args.doc, graph, args.check) and args.check:
+            print(f"import-graph: {args.doc} is out of date: run tools/import-graph.py --doc FILE", file=sys.stderr)
+            return 1
+    elif args.mermaid:
         print(mermaid(graph))
     elif args.dot:
         text = dot(graph)
