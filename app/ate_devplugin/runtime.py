@@ -42,7 +42,7 @@ from ate_devplugin.settings import Settings
 from ate_devplugin.tasks import TaskDiedError
 
 if TYPE_CHECKING:
-    from ate_devplugin.dra.kube import KubeApi
+    from ate_devplugin.dra.plugin import ApiServer
 
 log = logging.getLogger("ate_devplugin")
 
@@ -89,7 +89,7 @@ def run(settings: Settings) -> int:
     return 0
 
 
-async def serve(settings: Settings, resources: Resources, kube: KubeApi | None = None) -> None:
+async def serve(settings: Settings, resources: Resources, kube: ApiServer | None = None) -> None:
     loop = asyncio.get_running_loop()
     # Hold gRPC's asyncio runtime for the whole run: when its last server goes, gRPC shuts
     # its poller down from inside the loop, blocking it while a write to a peer that
@@ -129,7 +129,7 @@ def build(
     metrics: Metrics,
     tracing: Tracing,
     *,
-    kube: KubeApi | None = None,
+    kube: ApiServer | None = None,
     ports: Ports | None = None,
     discover: devices.Discover = devices.discover,
 ) -> Daemon:
@@ -142,7 +142,7 @@ def build(
 
 
 def components(
-    settings: Settings, metrics: Metrics, tracing: Tracing, kube: KubeApi | None, ports: Ports
+    settings: Settings, metrics: Metrics, tracing: Tracing, kube: ApiServer | None, ports: Ports
 ) -> list[Component]:
     """What the daemon does in this mode. Start order: the last one's start yields to no
     task, so the PodResources watch, last, lists first after the first discovery."""
@@ -159,7 +159,7 @@ def components(
 
         built.append(DraPlugin(settings.for_dra(), kube, cdi.device_id, DraMetrics(metrics.registry), tracing.tracer))
     if settings.pod_resources:
-        health = plugin.health if plugin is not None else dict
+        health = plugin.health if plugin is not None else dict  # no device plugin: no resource served
         pods = PodResourcesWatch(
             settings.for_pod_resources(), PodResourcesMetrics(metrics.registry), tracing.tracer, health
         )

@@ -13,9 +13,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from opentelemetry.trace import NoOpTracerProvider
+from prometheus_client import CollectorRegistry
 
 from ate_devplugin import config, runtime
+from ate_devplugin.host.cdi import CdiSpecs
+from ate_devplugin.observability.metrics import Metrics
+from ate_devplugin.observability.tracing import Tracing
 from ate_devplugin.settings import Timing, resolve
+from tests.unit.dra.fakes import FakeApi
 
 KVM_ONLY = "resources: [{name: ate.dev/kvm, devices: [/dev/kvm]}]\n"
 
@@ -71,9 +77,34 @@ def test_device_plugin_mode_loads_no_kubernetes_client() -> None:
     import sys
 
     code = (
-        "import sys, ate_devplugin.cli, ate_devplugin.daemon;"
-        "print(sorted(m for m in sys.modules"
-        " if m.startswith(('lightkube', 'ate_devplugin.dra', 'ate_devplugin.dra.kube'))))"
+        "import sys\n"
+        "from ate_devplugin import cli, runtime\n"
+        "from ate_devplugin.observability.metrics import Metrics\n"
+        "from ate_devplugin.observability.tracing import setup_tracing\n"
+        "from ate_devplugin.settings import resolve\n"
+        "s, m, t = resolve({}, {}), Metrics(), setup_tracing({})\n"
+        "built = runtime.components(s, m, t, None, runtime.host_ports(s, m, t))\n"
+        "print([c.name for c in built])\n"
+        "print(sorted(n for n in sys.modules if n.startswith(('lightkube', 'httpx', 'ate_devplugin.dra'))))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
-    assert out.stdout.strip() == "[]"
+    assert out.stdout.splitlines() == ["['device plugin', 'CDI specs']", "[]"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "built"),
+    [
+        ("device-plugin", ["device plugin", "CDI specs", "pod resources"]),
+        ("both", ["device plugin", "CDI specs", "DRA driver", "pod resources"]),
+        ("dra", ["CDI specs", "DRA driver", "pod resources"]),
+    ],
+)
+def test_each_mode_builds_its_components(tmp_path: Path, mode: str, built: list[str]) -> None:
+    flags = {"mode": mode, "pod_resources": "on", "plugin_dir": str(tmp_path / "plugins")}
+    settings = resolve(flags, {"NODE_NAME": "n"})
+    metrics, tracing = Metrics(CollectorRegistry()), Tracing(NoOpTracerProvider())
+    kube = FakeApi() if settings.dra else None
+    parts = runtime.components(settings, metrics, tracing, kube, runtime.host_ports(settings, metrics, tracing))
+    assert [c.name for c in parts] == built
+    (specs,) = [c for c in parts if isinstance(c, CdiSpecs)]
+    assert specs.every_resource is settings.dra  # a DRA driver answers with CDI names only

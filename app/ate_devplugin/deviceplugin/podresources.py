@@ -122,7 +122,8 @@ class PodResourcesWatch:
     # --- the component ----------------------------------------------------------------
 
     async def start(self, resources: tuple[ResourceConfig, ...], guard: Guard) -> None:
-        """The first List at once: started after the first discovery, it sees the devices' health."""
+        """The first List at once: started last (runtime.components), its first step comes
+        after the first discovery, so it sees the devices' health."""
         self._wanted.set()
         self.task = guard.spawn("pod_resources", self._run(), "pod resources")
 
