@@ -155,8 +155,8 @@ class Daemon:
         if fs_events:
             for component in self.components:
                 component.on_fs_events(fs_events)
-        reader = self.reader
-        if reader and (len(fs_events) < len(batch) or touches(fs_events, str(reader.path.parent))):
+        asked = any(isinstance(e, Reload) for e in batch)
+        if self.reader and (asked or touches(fs_events, str(self.reader.path.parent))):
             await self._reload()
         self._refresh()
 
