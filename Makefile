@@ -8,7 +8,7 @@ UNIT_COVERAGE_FLOOR ?= 85
 # perhaps this checkout: it gets a venv of Debian's python3 and a copy of the sources in /tmp.
 NONROOT_VENV ?= /tmp/ate-devplugin-nonroot-venv
 
-.PHONY: demo test e2e lint unit unit-nonroot setup-demo setup-test proto bench bench-docs
+.PHONY: demo test e2e lint unit unit-nonroot setup-demo setup-test proto generate bench bench-docs
 
 demo: setup-demo
 	$(PYTHON) -m tools.demo
@@ -37,7 +37,7 @@ unit:
 # by `make test` as root.
 unit-nonroot: $(NONROOT_VENV)/.installed
 	tmp=$$(mktemp -d) && chmod 755 "$$tmp" && \
-	git ls-files -z app proto tests tools pyproject.toml | xargs -0 cp --parents -t "$$tmp" && \
+	git ls-files -z app proto tests tools docs pyproject.toml | xargs -0 cp --parents -t "$$tmp" && \
 	chown -R 65534:65534 "$$tmp" && cd "$$tmp" && \
 	setpriv --reuid=65534 --regid=65534 --clear-groups \
 		env -u CI HOME="$$tmp" TMPDIR="$$tmp" PYTHONPATH="$$tmp/app" PATH="$(NONROOT_VENV)/bin:$$PATH" \
@@ -50,7 +50,7 @@ unit-nonroot: $(NONROOT_VENV)/.installed
 $(NONROOT_VENV)/.installed: pyproject.toml
 	/usr/bin/python3 -m venv $(NONROOT_VENV)
 	$(NONROOT_VENV)/bin/pip install -q --upgrade pip
-	$(NONROOT_VENV)/bin/pip install -q ".[dev,dra]"
+	$(NONROOT_VENV)/bin/pip install -q ".[dev]"
 	chmod -R a+rX $(NONROOT_VENV)
 	touch $@
 
@@ -62,6 +62,17 @@ setup-test:
 
 proto:
 	tools/gen-proto.sh
+
+# Every generated file, from its one source; each has a test that fails on drift
+# (tests/unit/api, tests/chart/test_config_contract.py, tests/dashboards,
+# tests/chart/test_chart_monitoring.py, tests/unit/test_architecture.py, tests/docs).
+# Dashboards before the chart's copy of them.
+generate: proto
+	$(PYTHON) tools/gen-config-schema.py
+	$(PYTHON) dashboards/generate.py
+	$(PYTHON) tools/sync-chart-files.py
+	$(PYTHON) tools/import-graph.py --doc docs/architecture.md
+	$(PYTHON) -m bench.quotes
 
 bench: setup-demo
 	$(PYTHON) -m bench run

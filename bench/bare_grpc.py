@@ -83,7 +83,7 @@ class _Plugin:
     """
 
     def __init__(self, resource: str, units: int) -> None:
-        from ate_devplugin.api.v1beta1 import api_pb2 as pb  # the API's generated messages only
+        from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb  # the API's generated messages only
 
         self.pb = pb
         self.resource = resource

@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
-# Regenerates app/ate_devplugin/api/ from proto/: the device plugin API (v1beta1), the
-# plugin registration API (pluginregistration), the DRA node service (dra/v1, dra/v1beta1)
-# and the kubelet's PodResources API (podresources/v1).
+# Regenerates app/ate_devplugin/api/ from proto/, one package per API and version, named as
+# the kubelet names them: the device plugin API (deviceplugin/v1beta1), the plugin
+# registration API (pluginregistration/v1), the DRA node service (dra/v1, dra/v1beta1) and
+# the PodResources API (podresources/v1). The protobuf packages on the wire are the
+# kubelet's (v1beta1, pluginregistration, k8s.io.kubelet.pkg.apis.dra.v1, ...): the
+# directories name the API, the .proto files keep the wire names.
 # Usage: tools/gen-proto.sh [OUTPUT_ROOT]   (default: app/; the drift test passes a temp dir)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-app}
 api="$out/ate_devplugin/api"
-for proto in v1beta1/api.proto pluginregistration/api.proto dra/v1/api.proto dra/v1beta1/api.proto podresources/v1/api.proto; do
-  dir=$(dirname "$proto")
+protos=(deviceplugin/v1beta1 pluginregistration/v1 dra/v1 dra/v1beta1 podresources/v1)
+for dir in "${protos[@]}"; do
   mkdir -p "$api/$dir"
-  python -m grpc_tools.protoc -I proto --python_out="$api" --pyi_out="$api" --grpc_python_out="$api" "proto/$proto"
+  python -m grpc_tools.protoc -I proto --python_out="$api" --pyi_out="$api" --grpc_python_out="$api" "proto/$dir/api.proto"
   # protoc emits `from <dir> import api_pb2`; make it a package-relative import.
   sed -i "s/^from ${dir//\//\\.} import api_pb2/from . import api_pb2/" "$api/$dir/api_pb2_grpc.py"
+  # Every directory down to the version is a package.
+  pkg=$api
+  for part in ${dir//\// }; do
+    pkg=$pkg/$part
+    [ -e "$pkg/__init__.py" ] || : > "$pkg/__init__.py"
+  done
 done
-for pkg in "$api/dra" "$api/dra/v1" "$api/dra/v1beta1" "$api/pluginregistration" "$api/podresources"; do
-  [ -e "$pkg/__init__.py" ] || : > "$pkg/__init__.py"
-done
+[ -e "$api/__init__.py" ] || : > "$api/__init__.py"

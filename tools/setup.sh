@@ -37,9 +37,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   if [ "$made_policy" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
 fi
 
-# Every Python dependency of the tests, bench and tools is in pyproject's dev extra; the
-# DRA driver's client is in the dra extra.
-python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -e ".[dev,dra]"
+# Every Python dependency of the tests, bench and tools is in pyproject's dev extra, the
+# DRA driver's client (the dra extra) included.
+python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -e ".[dev]"
 
 tools/build-kubelet-bench.sh
 if [ "$what" = test ]; then

@@ -1,56 +1,21 @@
 """The command line: ``ate-devplugin run | check-config FILE | version``.
 
+Arguments become Settings here; runtime.py builds and runs the daemon from them.
 Exit codes: 0 done, 1 runtime failure, 2 bad configuration or usage (one line, no traceback).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import logging
 import os
-import signal
 import sys
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-import grpc
-from prometheus_client import disable_created_metrics
-
-from ate_devplugin import __version__
-from ate_devplugin.config import ConfigError, ResourceConfig, load_resources
-from ate_devplugin.daemon import AgentDiedError, Daemon
-from ate_devplugin.httpserver import HttpServer
-from ate_devplugin.logs import setup_logging
-from ate_devplugin.metrics import Metrics
-from ate_devplugin.settings import DEFAULTS, Settings, resolve
-from ate_devplugin.tracing import setup_tracing
-
-if TYPE_CHECKING:
-    from ate_devplugin.kube import KubeApi
-
-log = logging.getLogger("ate_devplugin")
-
-EXIT_RUNTIME = 1
-EXIT_CONFIG = 2
-RELOAD_SIGNALS = (signal.SIGHUP,)
-# Every catchable signal whose default would end the process: each stops it cleanly, so
-# no stale socket stays behind. (Faults like SIGSEGV and the uncatchable SIGKILL aside.)
-STOP_SIGNALS = (
-    signal.SIGTERM,
-    signal.SIGINT,
-    signal.SIGQUIT,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-    signal.SIGALRM,
-    signal.SIGVTALRM,
-    signal.SIGPROF,
-    signal.SIGPWR,
-    signal.SIGXCPU,
-    signal.SIGSTKFLT,
-)
+from ate_devplugin import __version__, runtime
+from ate_devplugin.config import ConfigError, load_resources
+from ate_devplugin.runtime import EXIT_CONFIG
+from ate_devplugin.settings import DEFAULTS, resolve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -110,63 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     flags = {k: getattr(args, k) for k in DEFAULTS}
     try:
         settings = resolve(flags, os.environ)
-        resources = settings.load_resources()
-        kube = None
-        if settings.dra:
-            from ate_devplugin.kube import connect  # device-plugin mode loads no Kubernetes client
-
-            kube = connect()
     except ConfigError as exc:
         print(f"ate-devplugin: config error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    setup_logging(settings.log_format, settings.log_level)
-    # The *_created series double the exposition and tell an operator nothing here.
-    disable_created_metrics()  # type: ignore[no-untyped-call]  # unannotated in prometheus-client
-    try:
-        asyncio.run(serve(settings, resources, kube))
-    except (OSError, AgentDiedError) as exc:
-        log.error("cannot run: %s", exc)
-        return EXIT_RUNTIME
-    return 0
-
-
-async def serve(settings: Settings, resources: tuple[ResourceConfig, ...], kube: KubeApi | None = None) -> None:
-    loop = asyncio.get_running_loop()
-    # Hold gRPC's asyncio runtime for the whole run: when its last server goes, gRPC shuts
-    # its poller down from inside the loop, blocking it while a write to a peer that
-    # stopped reading is pending.
-    grpc.aio.init_grpc_aio()  # type: ignore[attr-defined]  # missing from grpc-stubs
-    metrics = Metrics(revision=os.environ.get("ATE_DEVPLUGIN_REVISION", "unknown"))
-    tracing = setup_tracing()
-    dra = None
-    if kube is not None:
-        from ate_devplugin import cdi
-        from ate_devplugin.dra_plugin import DraPlugin
-        from ate_devplugin.metrics import DraMetrics
-
-        dra = DraPlugin(settings, kube, cdi.device_id, DraMetrics(metrics.registry), tracing.tracer)
-    daemon = Daemon(settings, resources, metrics, tracing, dra=dra)
-    http = HttpServer(
-        settings.metrics_host, settings.metrics_port, metrics.registry, loop, daemon.readiness, daemon.liveness
-    )
-    http.start()
-    log.info("listening for metrics and probes", extra={"address": f"{settings.metrics_host}:{http.port}"})
-    # A parent may have left these blocked (the mask is inherited); we must hear them.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {*STOP_SIGNALS, *RELOAD_SIGNALS})
-    for sig in STOP_SIGNALS:
-        loop.add_signal_handler(sig, daemon.request_stop, sig.name)
-    for sig in RELOAD_SIGNALS:
-        loop.add_signal_handler(sig, daemon.request_reload)
-    try:
-        await daemon.run()
-    finally:
-        http.close()
-        _flush(tracing.shutdown, settings.timing.trace_flush_s)
-        log.info("stopped")
-
-
-def _flush(shutdown: Callable[[], None], deadline: float) -> None:
-    """Flushes spans, giving up after a deadline so an unreachable collector cannot hold exit."""
-    thread = threading.Thread(target=shutdown, name="trace flush", daemon=True)
-    thread.start()
-    thread.join(deadline)
+    return runtime.run(settings)

@@ -1,77 +1,63 @@
-"""Reading the config file again, off the event loop and within a time bound."""
+"""Reading the config file again: off the event loop, within a time bound, each failure told once."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import threading
-from collections.abc import Callable
-from typing import TypeVar
+import logging
+from pathlib import Path
 
-from ate_devplugin.config import ConfigError, ResourceConfig, read_config_file
-from ate_devplugin.settings import Settings
+from ate_devplugin import config
+from ate_devplugin.config import ConfigError, ResourceConfig
+from ate_devplugin.observability.metrics import Metrics
+from ate_devplugin.tasks import Worker, WorkerBusyError
 
-T = TypeVar("T")
-
-
-def read_resources(
-    settings: Settings, previous: bytes | None
-) -> tuple[bytes, tuple[ResourceConfig, ...] | ConfigError | None]:
-    """Blocking: the file's bytes and, unless they equal ``previous``, its resources or
-    why they are rejected. Raises ConfigError when the file cannot be read."""
-    assert settings.config is not None
-    data = read_config_file(settings.config)
-    if data == previous:
-        return data, None
-    try:
-        return data, settings.resources_from(data)
-    except ConfigError as exc:
-        return data, exc
+log = logging.getLogger(__name__)
 
 
-class WorkerBusyError(Exception):
-    pass
+class ConfigReader:
+    """Reads the file when asked; answers new resources only when they differ from the running ones.
 
-
-class Worker:
-    """Runs one blocking call at a time in a daemon thread, which never holds up exit.
-
-    A call that outlives its timeout keeps its thread (Python cannot stop it); the next
-    call is refused until it ends, so a read that hangs for ever costs one thread.
+    A file rejected (or unreadable) keeps the running config: counted, logged once for as
+    long as it stays the same, and ``ate_devplugin_config_rejected`` is 1 meanwhile.
     """
 
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._finished = threading.Event()
-        self._finished.set()
+    def __init__(self, path: Path, plugin_dir: str, metrics: Metrics, timeout_s: float) -> None:
+        self.path = path
+        self.plugin_dir = plugin_dir
+        self.metrics = metrics
+        self.timeout_s = timeout_s
+        self._worker = Worker("config reload")
+        self._data: bytes | None = None  # the file's bytes last read
+        self._failure: str | None = None  # why the file could not be read last time
 
-    async def call(self, fn: Callable[[], T], timeout: float) -> T:
-        if not self._finished.is_set():
-            raise WorkerBusyError(f"the previous {self.name} has not finished")
-        finished = self._finished = threading.Event()
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
+    async def read(self, running: tuple[ResourceConfig, ...]) -> tuple[ResourceConfig, ...] | None:
+        """The file's resources if they differ from ``running``; None to keep them."""
+        path, plugin_dir, previous = self.path, self.plugin_dir, self._data
+        log.debug("reading the config file", extra={"path": str(path)})
+        try:
+            data, resources = await self._worker.call(
+                lambda: config.read_again(path, plugin_dir, previous), self.timeout_s
+            )
+        except (ConfigError, TimeoutError, WorkerBusyError) as exc:
+            self._data = None  # read it again next time, even if unchanged
+            if str(exc) != self._failure:  # the same unreadable file is reported once
+                self._failure = str(exc)
+                self._rejected(exc)
+            return None
+        self._failure = None
+        if resources is None:
+            return None  # unchanged, or the same rejected file seen again
+        self._data = data
+        if isinstance(resources, ConfigError):
+            self._rejected(resources)
+            return None
+        self.metrics.config_rejected.set(0)
+        return None if resources == running else resources
 
-        def settle(result: T | None, exc: BaseException | None) -> None:
-            if future.done():
-                return
-            if exc is not None:
-                future.set_exception(exc)
-            else:
-                future.set_result(result)  # type: ignore[arg-type]  # None only with exc
+    def reloaded(self, resources: tuple[ResourceConfig, ...]) -> None:
+        self.metrics.config_reloads.labels("success").inc()
+        log.info("config reloaded", extra={"resources": [r.name for r in resources]})
 
-        def work() -> None:
-            try:
-                result, exc = fn(), None
-            except BaseException as e:  # handed to the loop, which re-raises it
-                result, exc = None, e
-            finished.set()  # before the result arrives: the next call may start at once
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(settle, result, exc)
-
-        threading.Thread(target=work, name=self.name, daemon=True).start()
-        done, _ = await asyncio.wait({future}, timeout=timeout)
-        if not done:
-            future.cancel()
-            raise TimeoutError(f"{self.name} did not finish within {timeout:.1f}s")
-        return future.result()
+    def _rejected(self, why: Exception) -> None:
+        self.metrics.config_reloads.labels("failure").inc()
+        self.metrics.config_rejected.set(1)
+        log.error("config reload rejected, keeping the running config: %s", why)

@@ -1,4 +1,8 @@
-"""Daemon settings: command-line flags over environment variables over defaults."""
+"""Daemon settings: command-line flags over environment variables over defaults.
+
+:class:`Settings` is the whole; each subsystem gets only its own frozen part from it
+(``Settings.for_device_plugin()``, ``for_pod_resources()``, ``for_dra()``, ``for_daemon()``).
+"""
 
 from __future__ import annotations
 
@@ -7,14 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ate_devplugin.config import (
-    DEFAULT_RESOURCES,
-    ConfigError,
-    ResourceConfig,
-    check_across,
-    decode_resources,
-    read_config_file,
-)
+from ate_devplugin.config import ConfigError, ResourceConfig
 
 ENV_PREFIX = "ATE_DEVPLUGIN_"
 # The DRA driver name: one driver for every configured resource (see docs/dra.md).
@@ -47,6 +44,8 @@ LOG_FORMATS = ("auto", "json", "text")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 KUBELET_SOCKET = "kubelet.sock"
 POD_RESOURCES_DIR = "pod-resources"  # next to the device-plugins directory in the kubelet's root
+# Written by the kubelet's device manager in the plugin directory.
+CHECKPOINT = "kubelet_internal_checkpoint"
 MAX_INTERVAL_S = 86400.0
 
 
@@ -80,7 +79,70 @@ class Timing:
 
 
 @dataclass(frozen=True)
+class DevicePluginSettings:
+    """The device plugin's part: the kubelet's socket directory and the agents' timing."""
+
+    plugin_dir: str
+    stream_grace_s: float
+    register_timeout_s: float
+    backoff_initial_s: float
+    backoff_cap_s: float
+    server_stop_grace_s: float
+    server_stop_margin_s: float
+    agent_stop_s: float
+
+    @property
+    def kubelet_socket(self) -> str:
+        return os.path.join(self.plugin_dir, KUBELET_SOCKET)
+
+    def socket_path(self, resource: ResourceConfig) -> str:
+        return os.path.join(self.plugin_dir, resource.socket_name)
+
+
+@dataclass(frozen=True)
+class PodResourcesSettings:
+    """Which pods hold units: the kubelet's PodResources socket, how often to List without
+    being asked, and the device manager's checkpoint whose rewrites ask (None: not watched)."""
+
+    socket: str
+    interval_s: float
+    debounce_s: float
+    timeout_s: float
+    checkpoint: str | None
+
+
+@dataclass(frozen=True)
+class DraSettings:
+    """The DRA driver's part: this node, the kubelet's plugin directories, slots per resource."""
+
+    node_name: str
+    registry_dir: str
+    dra_dir: str
+    slots: int
+    driver: str = DRA_DRIVER
+
+    @property
+    def socket(self) -> str:
+        return os.path.join(self.dra_dir, "dra.sock")
+
+    @property
+    def registration_socket(self) -> str:
+        return os.path.join(self.registry_dir, f"{self.driver}-reg.sock")
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    """The supervisor's part: where devices are found, and its deadlines."""
+
+    device_root: str
+    event_deadline_s: float
+    shutdown_deadline_s: float
+
+
+@dataclass(frozen=True)
 class Settings:
+    """Everything resolved; each subsystem is handed only its own part (``for_*``)."""
+
     config: Path | None
     device_root: str
     plugin_dir: str
@@ -112,31 +174,46 @@ class Settings:
 
     @property
     def dra_socket(self) -> str:
-        return os.path.join(self.dra_dir, "dra.sock")
+        return self.for_dra().socket
 
     @property
     def registration_socket(self) -> str:
-        return os.path.join(self.registry_dir, f"{DRA_DRIVER}-reg.sock")
+        return self.for_dra().registration_socket
 
     @property
     def kubelet_socket(self) -> str:
         return os.path.join(self.plugin_dir, KUBELET_SOCKET)
 
-    def socket_path(self, resource: ResourceConfig) -> str:
-        return os.path.join(self.plugin_dir, resource.socket_name)
+    def for_device_plugin(self) -> DevicePluginSettings:
+        t = self.timing
+        return DevicePluginSettings(
+            plugin_dir=self.plugin_dir,
+            stream_grace_s=t.stream_grace_s,
+            register_timeout_s=t.register_timeout_s,
+            backoff_initial_s=t.backoff_initial_s,
+            backoff_cap_s=t.backoff_cap_s,
+            server_stop_grace_s=t.server_stop_grace_s,
+            server_stop_margin_s=t.server_stop_margin_s,
+            agent_stop_s=t.agent_stop_s,
+        )
 
-    def load_resources(self) -> tuple[ResourceConfig, ...]:
-        """The configured resources, read and checked (blocking: bounded, never waits on I/O)."""
-        if not self.config:
-            check_across(DEFAULT_RESOURCES, self.plugin_dir)
-            return DEFAULT_RESOURCES
-        return self.resources_from(read_config_file(self.config))
+    def for_pod_resources(self) -> PodResourcesSettings:
+        return PodResourcesSettings(
+            socket=self.pod_resources_socket,
+            interval_s=self.pod_resources_interval_s,
+            debounce_s=self.timing.pod_resources_debounce_s,
+            timeout_s=self.timing.pod_resources_timeout_s,
+            # Rewritten when units are allocated, so pods are read again; only the device
+            # plugin watches its directory.
+            checkpoint=os.path.join(self.plugin_dir, CHECKPOINT) if self.device_plugin else None,
+        )
 
-    def resources_from(self, data: bytes) -> tuple[ResourceConfig, ...]:
-        """The resources of config file content already read."""
-        resources = decode_resources(data, str(self.config))
-        check_across(resources, self.plugin_dir)
-        return resources
+    def for_dra(self) -> DraSettings:
+        return DraSettings(self.node_name, self.registry_dir, self.dra_dir, self.dra_slots)
+
+    def for_daemon(self) -> DaemonSettings:
+        t = self.timing
+        return DaemonSettings(self.device_root, t.event_deadline_s, t.shutdown_deadline_s)
 
 
 def resolve(flags: Mapping[str, str | None], env: Mapping[str, str]) -> Settings:

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
 from ate_devplugin.cli import build_parser
-from ate_devplugin.metrics import DraMetrics, Metrics, PodResourcesMetrics
+from ate_devplugin.observability.metrics import DraMetrics, Metrics, PodResourcesMetrics
 from ate_devplugin.settings import DEFAULTS, ENV_PREFIX
 
 __all__ = ["DEFAULTS", "ENV_PREFIX", "metric_labels", "run_flags"]

@@ -19,8 +19,8 @@ from typing import Any
 
 import grpc
 
-from ate_devplugin.api.v1beta1 import api_pb2 as pb
-from ate_devplugin.api.v1beta1 import api_pb2_grpc
+from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
+from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2_grpc
 from tests.harness.daemon import DevicePluginDaemon
 from tests.harness.devices import make_device_root, remove_device_node
 from tests.harness.kubelet import PLUGIN_DIR, KubeletBench, Namespace, built_versions, missing_prerequisites

@@ -8,7 +8,7 @@ import time
 
 from prometheus_client import CollectorRegistry
 
-from ate_devplugin.httpserver import LOOP_DEADLINE_S, HttpServer
+from ate_devplugin.observability.http import LOOP_DEADLINE_S, HttpServer
 from tests.harness.daemon import MakeDaemon
 from tests.harness.kubelet import KubeletBench
 from tests.harness.net import http_get

@@ -18,8 +18,8 @@ from typing import Any
 
 import grpc
 
-from ate_devplugin.api.v1beta1 import api_pb2 as pb
-from ate_devplugin.api.v1beta1 import api_pb2_grpc
+from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
+from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2_grpc
 from ate_devplugin.settings import Timing
 from tests.harness.daemon import DevicePluginDaemon, MakeDaemon
 from tests.harness.devices import add_device_node, remove_device_node
@@ -129,7 +129,7 @@ def test_register_refused_backs_off_then_recovers(
 
 _STALLED_LIST_AND_WATCH = """
 import sys, time, grpc
-from ate_devplugin.api.v1beta1 import api_pb2 as pb, api_pb2_grpc
+from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb, api_pb2_grpc
 channel = grpc.insecure_channel(sys.argv[1])
 stream = api_pb2_grpc.DevicePluginStub(channel).ListAndWatch(pb.Empty())
 first = next(stream)

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ate_devplugin.httpserver import REQUEST_DEADLINE_S, WORKERS
+from ate_devplugin.observability.http import REQUEST_DEADLINE_S, WORKERS
 from tests.harness.daemon import DevicePluginDaemon
 from tests.harness.devices import make_device_root
 from tests.harness.faults import Footprint, SpawnDaemon

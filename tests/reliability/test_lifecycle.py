@@ -91,7 +91,7 @@ def test_rapid_config_flip_ends_in_the_final_state(
 
 _LIST_AND_WATCH = """
 import sys, time, grpc
-from ate_devplugin.api.v1beta1 import api_pb2 as pb, api_pb2_grpc
+from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb, api_pb2_grpc
 channel = grpc.insecure_channel(sys.argv[1])
 for response in api_pb2_grpc.DevicePluginStub(channel).ListAndWatch(pb.Empty()):
     print(len(response.devices), flush=True)

@@ -1,19 +1,24 @@
-"""Fake ports for unit tests of the agent and the daemon (no root, no sockets)."""
+"""Fakes for unit tests of the agent and the daemon (no root, no sockets), and a
+PodResources peer on a unix socket."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
+import grpc
 from opentelemetry.context import Context
 
-from ate_devplugin.agent import Ports
-from ate_devplugin.api.v1beta1 import api_pb2 as pb
-from ate_devplugin.inventory import ResourceState
-from ate_devplugin.ports import SocketId
-from ate_devplugin.registration import RegistrationError
-from ate_devplugin.server import ServeError
+from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
+from ate_devplugin.api.podresources.v1 import api_pb2 as prpb
+from ate_devplugin.api.podresources.v1 import api_pb2_grpc as prpb_grpc
+from ate_devplugin.deviceplugin.inventory import ResourceState
+from ate_devplugin.deviceplugin.ports import Ports
+from ate_devplugin.deviceplugin.registration import RegistrationError
+from ate_devplugin.host.sockets import ServeError, SocketId
 
 
 @dataclass
@@ -116,3 +121,47 @@ async def until(check: object, what: str, timeout: float = 5.0) -> None:
         if loop.time() > deadline:
             raise TimeoutError(what)
         await asyncio.sleep(0.001)
+
+
+# --- a PodResources peer (the kubelet's List) ------------------------------------
+
+KVM = "ate.dev/kvm"
+TUN = "ate.dev/tun"
+
+
+def pod(namespace: str, name: str, *containers: tuple[str, str, int]) -> prpb.PodResources:
+    """A pod whose containers hold (container, resource, units)."""
+    return prpb.PodResources(
+        name=name,
+        namespace=namespace,
+        containers=[
+            prpb.ContainerResources(
+                name=c,
+                devices=[prpb.ContainerDevices(resource_name=r, device_ids=[f"{r}-{i}" for i in range(n)])],
+            )
+            for c, r, n in containers
+        ],
+    )
+
+
+class FakeLister(prpb_grpc.PodResourcesListerServicer):
+    """Answers List with ``pods``, or fails with ``fail`` when set."""
+
+    def __init__(self) -> None:
+        self.pods: list[prpb.PodResources] = []
+        self.fail: grpc.StatusCode | None = None
+        self.calls = 0
+
+    async def List(self, request: prpb.ListPodResourcesRequest, context: Any) -> prpb.ListPodResourcesResponse:
+        self.calls += 1
+        if self.fail is not None:
+            await context.abort(self.fail, "injected")
+        return prpb.ListPodResourcesResponse(pod_resources=self.pods)
+
+
+async def serve(socket: Path, lister: FakeLister) -> grpc.aio.Server:
+    server = grpc.aio.server()
+    prpb_grpc.add_PodResourcesListerServicer_to_server(lister, server)  # type: ignore[no-untyped-call]
+    server.add_insecure_port(f"unix://{socket}")
+    await server.start()
+    return server

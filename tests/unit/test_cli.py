@@ -1,5 +1,7 @@
 """The command line as an operator meets it: exit codes and one-line errors."""
 
+from __future__ import annotations
+
 import os
 import subprocess
 import sys
@@ -69,16 +71,6 @@ def test_bad_settings_exit_2(args: list[str], env: dict[str, str], field: str) -
     assert result.stderr.startswith(f"ate-devplugin: config error: {field}:"), result.stderr
 
 
-def test_flags_win_over_env() -> None:
-    from ate_devplugin.settings import resolve
-
-    settings = resolve(
-        {"device_root": "/host/dev"}, {"ATE_DEVPLUGIN_DEVICE_ROOT": "/x", "ATE_DEVPLUGIN_PLUGIN_DIR": "/p"}
-    )
-    assert (settings.device_root, settings.plugin_dir) == ("/host/dev", "/p")
-    assert settings.kubelet_socket == "/p/kubelet.sock"
-
-
 @pytest.mark.parametrize(
     ("resource", "field"),
     [
@@ -97,23 +89,3 @@ def test_bad_cdi_settings_exit_2_naming_the_field(tmp_path: Path, resource: str,
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1
     assert result.stderr.startswith(f"ate-devplugin: config error: {field}:"), result.stderr
-
-
-def test_pod_resources_settings() -> None:
-    from ate_devplugin.settings import resolve
-
-    default = resolve({}, {})
-    assert not default.pod_resources
-    assert default.pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
-    assert default.pod_resources_interval_s == 60
-    # The socket follows the kubelet's root unless given.
-    assert resolve({"plugin_dir": "/k/device-plugins"}, {}).pod_resources_socket == "/k/pod-resources/kubelet.sock"
-    given = resolve(
-        {"pod_resources_interval": "0"},
-        {"ATE_DEVPLUGIN_POD_RESOURCES": "ON", "ATE_DEVPLUGIN_POD_RESOURCES_SOCKET": "/run/pr.sock"},
-    )
-    assert (given.pod_resources, given.pod_resources_socket, given.pod_resources_interval_s) == (
-        True,
-        "/run/pr.sock",
-        0,
-    )

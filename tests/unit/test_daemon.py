@@ -1,29 +1,41 @@
-"""The daemon with fake kubelet, clock and servers; real inotify on temporary directories."""
+"""The daemon with its real components on fake kubelet, clock and servers; real inotify on
+temporary directories. With pods read: what makes it list again (a fake PodResources
+server on a unix socket)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import os
 import time
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import grpc
 import pytest
 from opentelemetry.trace import NoOpTracerProvider
 from prometheus_client import CollectorRegistry
 
-from ate_devplugin import reload
-from ate_devplugin.config import ResourceConfig
-from ate_devplugin.daemon import AgentDiedError, Daemon
-from ate_devplugin.devices import DeviceNode, Discovery
-from ate_devplugin.metrics import Metrics
+from ate_devplugin import runtime
+from ate_devplugin.config import ResourceConfig, files
+from ate_devplugin.daemon import Daemon
+from ate_devplugin.deviceplugin.plugin import DevicePlugin
+from ate_devplugin.deviceplugin.podresources import PodResourcesWatch
+from ate_devplugin.host.cdi import CdiSpecs
+from ate_devplugin.host.devices import DeviceNode, Discovery
+from ate_devplugin.host.watcher import FsEvent, Watches
+from ate_devplugin.observability.metrics import Metrics
+from ate_devplugin.observability.tracing import Tracing
 from ate_devplugin.settings import Timing, resolve
-from ate_devplugin.tracing import Tracing
-from ate_devplugin.watcher import FsEvent
-from tests.unit.fakes import FakeClock, FakeFs, FakeKubelet, FakeServer, fake_ports, until
+from ate_devplugin.tasks import Guard, TaskDiedError
+from tests.unit.fakes import KVM, FakeClock, FakeFs, FakeKubelet, FakeLister, FakeServer, fake_ports, pod, serve, until
 
 KVM_ONLY = "resources: [{name: ate.dev/kvm, devices: [/dev/kvm]}]\n"
+
+
 KVM_AND_TUN = "resources: [{name: ate.dev/kvm, devices: [/dev/kvm]}, {name: ate.dev/tun, devices: [/dev/net/tun]}]\n"
 
 
@@ -49,22 +61,23 @@ class Setup:
             flags["config"] = str(self.config)
         settings = resolve(flags, {})
         self.settings = replace(settings, timing=Timing(agent_stop_s=0.5, server_stop_grace_s=0.0, **timing))
-        resources = self.settings.load_resources()
+        resources = files.load(self.settings.config, self.settings.plugin_dir)
         self.kubelet_socket = self.settings.kubelet_socket
         self.fs = FakeFs(identities={self.kubelet_socket: (1, 1, 1)})
         self.kubelet = FakeKubelet()
         self.servers: dict[str, FakeServer] = {}
         self.metrics = Metrics(CollectorRegistry())
-        self.daemon = Daemon(
+        self.daemon = runtime.build(
             self.settings,
             resources,
             self.metrics,
             Tracing(NoOpTracerProvider()),
-            fake_ports(self.fs, self.kubelet, FakeClock(), self.servers),
+            ports=fake_ports(self.fs, self.kubelet, FakeClock(), self.servers),
             discover=lambda config, root: self.discovered.get(config.name) or found(config, root),
         )
         self.discovered: dict[str, Discovery] = {}  # what discovery finds, when not the default
-        agents = self.daemon.agents  # the kubelet opens its stream within each Register
+        self.plugin = next(c for c in self.daemon.components if isinstance(c, DevicePlugin))
+        agents = self.plugin.agents  # the kubelet opens its stream within each Register
         self.kubelet.streams_of = lambda name: agents[name].state if name in agents else None
 
     def sample(self, name: str, **labels: str) -> float | None:
@@ -73,7 +86,7 @@ class Setup:
 
 async def running(s: Setup) -> asyncio.Task[None]:
     task = asyncio.create_task(s.daemon.run())
-    await until(lambda: s.daemon.agents and all(a.serving for a in s.daemon.agents.values()), "ready")
+    await until(lambda: s.plugin.agents and all(a.serving for a in s.plugin.agents.values()), "ready")
     return task
 
 
@@ -119,14 +132,14 @@ async def test_config_reload_adds_and_removes_agents(tmp_path: Path) -> None:
     s = Setup(tmp_path, KVM_ONLY)
     task = await running(s)
     s.config.write_text(KVM_AND_TUN)
-    await until(lambda: "ate.dev/tun" in s.daemon.agents, "tun added")
+    await until(lambda: "ate.dev/tun" in s.plugin.agents, "tun added")
     assert s.sample("ate_devplugin_config_reloads_total", result="success") == 1
     s.daemon.request_reload()  # SIGHUP with nothing changed: nothing happens
     s.config.write_text(KVM_ONLY)
     # The agent leaves the table first; its series go once it has stopped.
     await until(
         lambda: (
-            "ate.dev/tun" not in s.daemon.agents
+            "ate.dev/tun" not in s.plugin.agents
             and s.sample("ate_devplugin_registered", resource_name="ate.dev/tun") is None
         ),
         "tun removed with its series",
@@ -140,7 +153,7 @@ async def test_a_rejected_reload_keeps_the_running_config(tmp_path: Path) -> Non
     task = await running(s)
     s.config.write_text("resources: [{name: ate.dev/kvm, units: many}]\n")
     await until(lambda: s.sample("ate_devplugin_config_reloads_total", result="failure") == 1, "rejected")
-    assert list(s.daemon.agents) == ["ate.dev/kvm"]
+    assert list(s.plugin.agents) == ["ate.dev/kvm"]
     assert s.daemon.readiness()[0]
     assert s.sample("ate_devplugin_config_rejected") == 1
     # Back to the running config: nothing to reload, and nothing rejected any more.
@@ -159,7 +172,7 @@ async def test_a_reload_that_hangs_is_rejected_in_time(tmp_path: Path, monkeypat
         time.sleep(1)
         return b""
 
-    monkeypatch.setattr(reload, "read_config_file", slow_read)
+    monkeypatch.setattr(files, "read_config_file", slow_read)
     s.daemon.request_reload()
     await until(lambda: s.sample("ate_devplugin_config_reloads_total", result="failure") == 1, "timed out")
     s.daemon.request_reload()  # the hanging read still runs: refused, not a second thread
@@ -187,24 +200,38 @@ async def test_a_stall_fails_liveness_and_says_why(tmp_path: Path, monkeypatch: 
     await asyncio.wait_for(task, 5)
 
 
-async def test_stop_is_bounded_even_mid_event(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_stop_is_bounded_even_mid_event(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     s = Setup(tmp_path, KVM_ONLY, shutdown_deadline_s=1.0)
     task = await running(s)
+    entered, released = asyncio.Event(), asyncio.Event()
 
-    async def stuck() -> None:
-        await asyncio.Event().wait()
+    async def wedged() -> None:  # a handler that ignores cancellation, as a wedged one would
+        entered.set()
+        while not released.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await released.wait()
 
-    monkeypatch.setattr(s.daemon, "_reload", stuck)
+    monkeypatch.setattr(s.daemon, "_reload", wedged)
     s.daemon.request_reload()
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(entered.wait(), 5)
+    loop = asyncio.get_running_loop()
+    begin = loop.time()
     s.daemon.request_stop("SIGTERM")
-    await asyncio.wait_for(task, 5)
+    await asyncio.wait_for(task, 10)
+    # The deadline, and generous slack for a loaded machine: never the wedged handler's time.
+    assert loop.time() - begin < s.settings.timing.shutdown_deadline_s + 2.0
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("shutdown deadline passed")]
+    assert line.startswith("shutdown deadline passed; still running: event router")
+    released.set()  # the wedged handler ends, and with it the agents' late stops
+    await until(lambda: all(server.stops >= 1 for server in s.servers.values()), "the agents stopped late")
 
 
 async def test_an_agent_that_dies_ends_the_daemon(tmp_path: Path) -> None:
     s = Setup(tmp_path)
     s.servers["ate.dev/kvm"] = FakeServer("/plugins/kvm.sock", crash=True)
-    with pytest.raises(AgentDiedError, match=r"ate\.dev/kvm"):
+    with pytest.raises(TaskDiedError, match=r"ate\.dev/kvm"):
         await asyncio.wait_for(s.daemon.run(), 5)
 
 
@@ -256,9 +283,155 @@ async def test_a_spec_for_every_resource_when_asked(tmp_path: Path) -> None:
     # Each test has its own tmp_path: a subdirectory could take the plugin socket's path
     # past the 107-byte limit under a long TMPDIR (make unit-nonroot).
     s = Setup(tmp_path, KVM_ONLY)
-    s.daemon.write_cdi_for_every_resource()
+    (specs,) = [c for c in s.daemon.components if isinstance(c, CdiSpecs)]
+    specs.every_resource = True  # as with a DRA driver
     task = await running(s)
     assert json.loads((tmp_path / "cdi/ate.dev-kvm.json").read_text())["kind"] == "ate.dev/kvm"
     s.daemon.request_stop("SIGTERM")
     await asyncio.wait_for(task, 5)
     assert not (tmp_path / "cdi/ate.dev-kvm.json").exists()
+
+
+class Pods:
+    def __init__(self, tmp_path: Path, setup: Setup, lister: FakeLister, server: grpc.aio.Server) -> None:
+        self.s = setup
+        self.lister = lister
+        self.server = server
+        self.plugins = tmp_path / "plugins"
+
+    def write_checkpoint(self) -> None:
+        """As the kubelet's device manager does: a temporary file renamed over it."""
+        tmp = self.plugins / ".tmp-checkpoint"
+        tmp.write_text("{}")
+        os.rename(tmp, self.plugins / "kubelet_internal_checkpoint")
+
+
+@pytest.fixture
+async def pods(tmp_path: Path) -> AsyncIterator[Pods]:
+    (tmp_path / "pod-resources").mkdir()
+    lister = FakeLister()
+    lister.pods = [pod("vm", "worker", ("vmm", KVM, 1))]
+    server = await serve(tmp_path / "pod-resources/kubelet.sock", lister)
+    setup = Setup(tmp_path, flags={"pod_resources": "on", "pod_resources_interval": "0"}, pod_resources_debounce_s=0.0)
+    try:
+        yield Pods(tmp_path, setup, lister, server)
+    finally:
+        await server.stop(None)
+
+
+def units(s: Setup, pod_name: str) -> float | None:
+    return s.sample("ate_devplugin_pod_units", resource_name=KVM, namespace="vm", pod=pod_name, container="vmm")
+
+
+async def test_the_checkpoint_written_lists_again(pods: Pods) -> None:
+    s = pods.s
+    task = await running(s)
+    await until(lambda: units(s, "worker") == 1, "the first List")
+    pods.lister.pods.append(pod("vm", "new", ("vmm", KVM, 1)))
+    pods.write_checkpoint()
+    await until(lambda: units(s, "new") == 1, "a List after the checkpoint was written")
+    s.daemon.request_stop("SIGTERM")
+    await asyncio.wait_for(task, 5)
+
+
+async def test_a_new_pod_resources_socket_is_dialled(pods: Pods) -> None:
+    s = pods.s
+    task = await running(s)
+    await until(lambda: units(s, "worker") == 1, "the first List")
+    calls = pods.lister.calls
+    s.daemon.put(FsEvent("created", s.settings.pod_resources_socket, "", False))
+    await until(lambda: pods.lister.calls > calls, "a List on the new socket")
+    s.daemon.request_stop("SIGTERM")
+    await asyncio.wait_for(task, 5)
+
+
+async def test_a_lost_device_counts_and_names_the_pods_holding_it(pods: Pods, caplog: pytest.LogCaptureFixture) -> None:
+    s = pods.s
+    task = await running(s)
+    await until(lambda: units(s, "worker") == 1, "the first List")
+    assert s.sample("ate_devplugin_pods_on_unhealthy_device", resource_name=KVM) == 0
+
+    def absent(config: ResourceConfig, root: str) -> Discovery:
+        return Discovery(nodes=(), complete=False)
+
+    s.daemon._discover = absent
+    s.daemon.put(FsEvent("deleted", "/dev/kvm", "", False))
+    await until(lambda: s.sample("ate_devplugin_pods_on_unhealthy_device", resource_name=KVM) == 1, "counted")
+    await until(lambda: any(r.message.startswith("device lost") for r in caplog.records), "logged")
+    (line,) = [r for r in caplog.records if r.message.startswith("device lost")]
+    assert line.levelno == logging.WARNING
+    assert line.__dict__["pods"] == ["vm/worker"]
+    s.daemon.request_stop("SIGTERM")
+    await asyncio.wait_for(task, 5)
+
+
+async def test_off_by_default_reads_no_pods(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
+    task = await running(s)
+    assert not [c for c in s.daemon.components if isinstance(c, PodResourcesWatch)]
+    assert s.sample("ate_devplugin_pod_resources_requests_total", result="unavailable") is None
+    s.daemon.request_stop("SIGTERM")
+    await asyncio.wait_for(task, 5)
+
+
+class Probe:
+    """A component that only answers, and may start a task that dies."""
+
+    def __init__(self, name: str, ready: tuple[bool, str], dies: bool = False) -> None:
+        self.name = name
+        self.ready = ready
+        self.dies = dies
+        self.heard: list[str] = []
+
+    async def start(self, resources: tuple[ResourceConfig, ...], guard: Guard) -> None:
+        async def fails() -> None:
+            raise RuntimeError("injected")
+
+        if self.dies:
+            guard.spawn("slice_sync", fails(), f"{self.name} task")
+
+    async def stop(self, deadline_s: float) -> list[str]:
+        self.heard.append("stop")
+        return []
+
+    def readiness(self) -> tuple[bool, str]:
+        return self.ready
+
+    def liveness(self) -> tuple[bool, str]:
+        return True, ""
+
+    def watches(self) -> Watches:
+        return Watches()
+
+    def on_fs_events(self, batch: Sequence[FsEvent]) -> None:
+        self.heard.append("events")
+
+    async def on_resources(self, resources: tuple[ResourceConfig, ...]) -> None:
+        self.heard.append("resources")
+
+    def on_discovery(self, found: Mapping[str, Discovery]) -> None:
+        self.heard.append("discovery")
+
+
+def probe_daemon(tmp_path: Path, *probes: Probe) -> Daemon:
+    settings = Setup(tmp_path).settings
+    return Daemon(settings.for_daemon(), (), probes, Metrics(CollectorRegistry()), discover=found)
+
+
+async def test_readiness_waits_for_every_component_and_joins_what_they_say(tmp_path: Path) -> None:
+    a, b = Probe("a", (True, "a ok")), Probe("b", (False, "b not yet"))
+    daemon = probe_daemon(tmp_path, a, b)
+    assert daemon.readiness() == (False, "b not yet")
+    b.ready = (True, "")
+    assert daemon.readiness() == (True, "a ok")
+    a.ready = (True, "")
+    assert daemon.readiness() == (True, "ok")
+
+
+async def test_any_components_task_that_dies_ends_the_daemon_counted(tmp_path: Path) -> None:
+    probe = Probe("slices", (True, ""), dies=True)
+    daemon = probe_daemon(tmp_path, probe)
+    with pytest.raises(TaskDiedError, match="slices task died"):
+        await asyncio.wait_for(daemon.run(), 5)
+    assert daemon.metrics.registry.get_sample_value("ate_devplugin_task_failures_total", {"task": "slice_sync"}) == 1
+    assert probe.heard == ["discovery", "stop"]

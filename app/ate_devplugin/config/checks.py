@@ -1,0 +1,95 @@
+"""The rules a schema cannot say: within one resource (units within the kubelet's message
+limit for the name's length, a CDI-able name) and across resources (unique names and
+socket files, socket paths that fit a unix socket address, units in all). The chart
+carries the same rules in ``_deviceconfig.tpl`` (tools/gen-config-schema.py).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ate_devplugin.config.errors import ConfigError
+from ate_devplugin.config.model import (
+    ALLOCATE_DEVICES,
+    CONFIG_VERSION,
+    DEFAULT_PERMISSIONS,
+    DEFAULT_UNITS,
+    MAX_SOCKET_PATH,
+    MAX_TOTAL_UNITS,
+    MountConfig,
+    ResourceConfig,
+    max_units,
+)
+from ate_devplugin.config.schema import DOCUMENT
+
+
+def cdi_name_problem(resource_name: str) -> str | None:
+    """What keeps a valid resource name from being a CDI kind, or None.
+
+    The name rules already keep both parts to CDI's characters and ends; CDI also wants
+    the vendor (the domain) and the class to start with a letter."""
+    vendor, _, cls = resource_name.partition("/")
+    if not vendor[:1].isalpha() or not cls[:1].isalpha():
+        return "for CDI, the domain and the name after the slash must start with a letter"
+    return None
+
+
+def resources_from_document(doc: Any) -> tuple[ResourceConfig, ...]:
+    """Validate a loaded document (YAML or chart values); raises ConfigError."""
+    checked = DOCUMENT.check(doc, "config")
+    version = checked.get("version", CONFIG_VERSION)
+    if version != CONFIG_VERSION:
+        raise ConfigError("version", f"unsupported version {version} (supported: {CONFIG_VERSION})")
+    resources = tuple(resource_from(r, f"resources[{i}]") for i, r in enumerate(checked["resources"]))
+    check_across(resources)
+    return resources
+
+
+def resource_from(m: dict[str, Any], where: str) -> ResourceConfig:
+    resource = ResourceConfig(
+        name=m["name"],
+        devices=tuple(m["devices"]),
+        units=m.get("units", DEFAULT_UNITS),
+        permissions="".join(c for c in "rwm" if c in m.get("permissions", DEFAULT_PERMISSIONS)),
+        mounts=tuple(MountConfig(**x) for x in m.get("mounts", [])),
+        env=m.get("env", {}),
+        allocate=m.get("allocate", ALLOCATE_DEVICES),
+        cdi_file_mode=int(m["cdi"]["file_mode"], 8) if "file_mode" in m.get("cdi", {}) else None,
+        cdi_uid=m.get("cdi", {}).get("uid"),
+        cdi_gid=m.get("cdi", {}).get("gid"),
+        preferred_allocation=m.get("preferred_allocation", False),
+    )
+    if resource.uses_cdi and (problem := cdi_name_problem(resource.name)):
+        raise ConfigError(f"{where}.name", problem)
+    limit = max_units(len(resource.id_prefix))
+    if resource.units > limit:
+        raise ConfigError(
+            f"{where}.units",
+            f"{resource.units} units exceed the kubelet's 4 MiB message limit (at most {limit} for this name)",
+        )
+    return resource
+
+
+def check_across(resources: tuple[ResourceConfig, ...], plugin_dir: str | None = None) -> None:
+    """The rules across resources: unique names and socket files, (given the plugin
+    directory) socket paths that fit a unix socket address, and units in all within the
+    memory budget."""
+    seen: dict[str, int] = {}
+    for i, r in enumerate(resources):
+        for key in (r.name, r.socket_name):
+            if key in seen:
+                raise ConfigError(f"resources[{i}].name", f"{r.name!r} collides with resources[{seen[key]}]")
+            seen[key] = i
+        if plugin_dir is not None:
+            path = os.path.join(plugin_dir, r.socket_name)
+            if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+                raise ConfigError(
+                    f"resources[{i}].name",
+                    f"socket path {path!r} is longer than the {MAX_SOCKET_PATH}-byte unix socket limit",
+                )
+    total = sum(r.units for r in resources)
+    if total > MAX_TOTAL_UNITS:
+        raise ConfigError(
+            "resources", f"{total} units in all exceed {MAX_TOTAL_UNITS} (memory: the chart's 128 Mi limit)"
+        )

@@ -1,0 +1,148 @@
+"""The device-plugin component: one agent per configured resource, and the kubelet's identity.
+
+It adds and removes agents as the resource list changes, hands each agent its resource's
+discoveries, and tells them of what the filesystem says: a new kubelet (its socket made
+anew), their own socket gone, a directory made (perhaps the plugin directory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanKind, Tracer
+
+from ate_devplugin.config import ResourceConfig
+from ate_devplugin.deviceplugin import events
+from ate_devplugin.deviceplugin.agent import ResourceAgent
+from ate_devplugin.deviceplugin.ports import Ports
+from ate_devplugin.host.devices import Discovery
+from ate_devplugin.host.watcher import FsEvent, Watches
+from ate_devplugin.observability.metrics import Metrics
+from ate_devplugin.settings import DevicePluginSettings
+from ate_devplugin.tasks import Guard
+
+log = logging.getLogger(__name__)
+
+# Told of every change of a resource's advertised health: name, health, the change's trace context.
+HealthListener = Callable[[str, str, Context | None], None]
+
+
+class DevicePlugin:
+    name = "device plugin"
+
+    def __init__(self, settings: DevicePluginSettings, ports: Ports, metrics: Metrics, tracer: Tracer) -> None:
+        self.settings = settings
+        self.ports = ports
+        self.metrics = metrics
+        self.tracer = tracer
+        self.agents: dict[str, ResourceAgent] = {}
+        self.health_listeners: list[HealthListener] = []
+        self._retiring: set[ResourceAgent] = set()
+        self._guard: Guard | None = None
+        self._kubelet = ports.fs.socket_identity(settings.kubelet_socket)  # to tell restarts
+        self._stuck: str | None = None
+
+    def health(self) -> dict[str, str]:
+        """The advertised health of every resource served, by name."""
+        return {name: agent.state.health for name, agent in self.agents.items()}
+
+    # --- the component --------------------------------------------------------------
+
+    async def start(self, resources: tuple[ResourceConfig, ...], guard: Guard) -> None:
+        self._guard = guard
+        for resource in resources:
+            self._add(resource)
+
+    async def stop(self, deadline_s: float) -> list[str]:
+        stops = {asyncio.ensure_future(a.stop()): a.name for a in [*self.agents.values(), *self._retiring]}
+        if not stops:
+            return []
+        _, pending = await asyncio.wait(stops, timeout=deadline_s)
+        return [f"agent {stops[s]}" for s in pending]
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready when every resource whose devices are present is registered and streaming."""
+        waiting = [a.name for a in self.agents.values() if a.state.discovery.complete and not a.serving]
+        if waiting:
+            return False, "not registered with a ListAndWatch stream: " + ", ".join(sorted(waiting))
+        present = sum(1 for a in self.agents.values() if a.state.discovery.complete)
+        return True, f"ok: {present} of {len(self.agents)} resources present and registered"
+
+    def liveness(self) -> tuple[bool, str]:
+        return (False, self._stuck) if self._stuck else (True, "ok")
+
+    def watches(self) -> Watches:
+        # Only sockets and directories matter in the plugin directory.
+        return Watches(quiet_dirs=frozenset({self.settings.plugin_dir}))
+
+    def on_fs_events(self, batch: Sequence[FsEvent]) -> None:
+        sockets = {a.socket_path: a.name for a in self.agents.values()}
+        for event in events.route(batch, self.settings.kubelet_socket, sockets):
+            if isinstance(event, events.KubeletSocketCreated):
+                self._check_kubelet()
+            elif isinstance(event, events.SocketGone) and event.resource in self.agents:
+                self.agents[event.resource].wake()  # it checks whether its socket is really gone
+            elif isinstance(event, events.DirectoryAppeared):
+                for agent in self.agents.values():
+                    if not agent.socket_intact():
+                        agent.retry_now()
+
+    async def on_resources(self, resources: tuple[ResourceConfig, ...]) -> None:
+        wanted = {r.name: r for r in resources}
+        gone = [n for n in self.agents if n not in wanted or self.agents[n].config != wanted[n]]
+        await asyncio.gather(*(self._remove(n) for n in gone))
+        for name, resource in wanted.items():
+            if name not in self.agents:
+                self._add(resource)
+
+    def on_discovery(self, found: Mapping[str, Discovery]) -> None:
+        for name, agent in self.agents.items():
+            before = agent.state.health
+            agent.apply_discovery(found[name])
+            if agent.state.health != before:
+                for listener in self.health_listeners:
+                    listener(name, agent.state.health, agent.state.change_context)
+        self._check_kubelet()
+
+    # --- agents ---------------------------------------------------------------------
+
+    def _add(self, resource: ResourceConfig) -> None:
+        assert self._guard is not None, "started"
+        self.metrics.add_resource(resource.name)
+        agent = ResourceAgent(
+            resource, self.settings, self.ports, self.metrics, self.tracer, check_kubelet=self._check_kubelet
+        )
+        self.agents[resource.name] = agent
+        agent.start(self._guard)
+
+    async def _remove(self, name: str) -> None:
+        agent = self.agents.pop(name)
+        self._retiring.add(agent)
+        try:
+            if not await agent.stop():
+                self.metrics.lifecycle_stalls.labels("agent_stop").inc()
+                self._stuck = f"agent_stop: the agent for {name} did not stop"
+        finally:
+            self._retiring.discard(agent)
+        if name not in self.agents:  # not added again meanwhile
+            self.metrics.remove_resource(name)
+
+    def _check_kubelet(self) -> None:
+        """Notices a new kubelet by its socket's identity: a restart, seen once however told."""
+        current = self.ports.fs.socket_identity(self.settings.kubelet_socket)
+        if current is None or current == self._kubelet:
+            return
+        restarted, self._kubelet = self._kubelet is not None, current
+        if not restarted:
+            log.info("kubelet socket appeared")
+            for agent in self.agents.values():
+                agent.kubelet_changed(restarted=False)
+            return
+        self.metrics.kubelet_restarts.inc()
+        with self.tracer.start_as_current_span("kubelet restart", kind=SpanKind.INTERNAL):
+            log.info("new kubelet socket: registering again")
+            for agent in self.agents.values():
+                agent.kubelet_changed(restarted=True)

@@ -1,0 +1,129 @@
+"""The DRA kubelet plugin: the node service, its registration and this node's slices.
+
+Start order follows what the kubelet expects: the DRA service socket first, then the
+registration socket (whose appearance makes the kubelet call GetInfo and dial the
+service at once). Stop order is the reverse: the registration socket goes first, so the
+kubelet deregisters before the service disappears.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+import grpc
+from opentelemetry.trace import Tracer
+
+from ate_devplugin.config import ResourceConfig
+from ate_devplugin.dra import registration, service
+from ate_devplugin.dra.registration import RegistrationServicer
+from ate_devplugin.dra.service import ClaimReader, DraDriver
+from ate_devplugin.dra.slices import SliceApi, SlicePublisher, slot_devices
+from ate_devplugin.host.devices import Discovery
+from ate_devplugin.host.sockets import UnixServer
+from ate_devplugin.host.watcher import FsEvent, Watches
+from ate_devplugin.observability.metrics import DraMetrics
+from ate_devplugin.settings import DraSettings
+from ate_devplugin.tasks import Guard
+
+log = logging.getLogger(__name__)
+
+# Grace for the kubelet's calls in flight when the driver stops.
+STOP_GRACE_S = 0.2
+
+
+class ApiServer(ClaimReader, SliceApi, Protocol):
+    """What the driver asks of the API server (kube.KubeApi on a real one)."""
+
+    async def close(self) -> None: ...
+
+
+class DraPlugin:
+    name = "DRA driver"
+
+    def __init__(
+        self,
+        settings: DraSettings,
+        api: ApiServer,
+        cdi_id: Callable[[str], str],
+        metrics: DraMetrics,
+        tracer: Tracer,
+    ) -> None:
+        self.settings = settings
+        self.api = api
+        self.cdi_id = cdi_id
+        self.metrics = metrics
+        self.tracer = tracer
+        driver, node = settings.driver, settings.node_name
+        self.publisher = SlicePublisher(api, driver, node, metrics)
+        self.driver = DraDriver(driver, node, self._lookup, api, metrics)
+        self.registration = RegistrationServicer(
+            driver, settings.socket, lambda registered: metrics.registered.set(int(registered))
+        )
+        self._resources: tuple[ResourceConfig, ...] = ()
+        self._servers: list[UnixServer] = []
+
+    def _lookup(self, device: str) -> str | None:
+        resource = self.publisher.devices.get(device)
+        return None if resource is None else self.cdi_id(resource)
+
+    # --- the component --------------------------------------------------------------
+
+    async def start(self, resources: tuple[ResourceConfig, ...], guard: Guard) -> None:
+        """Raises host.sockets.ServeError when a socket cannot be served."""
+        self._resources = resources
+        sockets: list[tuple[str, Callable[[grpc.aio.Server], None]]] = [
+            (self.settings.socket, lambda server: service.add_to_server(self.driver, self.tracer, server)),
+            (self.settings.registration_socket, lambda server: registration.add_to_server(self.registration, server)),
+        ]
+        for path, add_services in sockets:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            server = UnixServer(path, add_services)
+            await server.start()
+            self._servers.append(server)
+        self.publisher.start(guard)
+        log.info(
+            "DRA driver serving",
+            extra={"driver": self.settings.driver, "node": self.settings.node_name, "socket": self.settings.socket},
+        )
+
+    async def stop(self, deadline_s: float) -> list[str]:
+        """Sockets removed and slices deleted, within ``deadline_s`` for the API calls."""
+        for server in reversed(self._servers):
+            await server.stop(STOP_GRACE_S)
+        self._servers = []
+        try:
+            await asyncio.wait_for(self.publisher.stop(), deadline_s)
+        except Exception as exc:  # a failed cleanup must not hold the exit
+            log.error("could not delete this node's resource slices: %r", exc)
+        await self.api.close()
+        return []
+
+    def readiness(self) -> tuple[bool, str]:
+        if not self.registration.registered:
+            return False, "DRA driver not registered with the kubelet" + (
+                f": {self.registration.error}" if self.registration.error else ""
+            )
+        if not self.publisher.synced.is_set():
+            return False, "resource slices not yet published"
+        return True, "DRA driver registered, slices published"
+
+    def liveness(self) -> tuple[bool, str]:
+        return True, ""
+
+    def watches(self) -> Watches:
+        return Watches()
+
+    def on_fs_events(self, batch: Sequence[FsEvent]) -> None:
+        pass
+
+    async def on_resources(self, resources: tuple[ResourceConfig, ...]) -> None:
+        self._resources = resources  # published at the discovery that follows
+
+    def on_discovery(self, found: Mapping[str, Discovery]) -> None:
+        """Publishes the resources whose device nodes are all present (their CDI specs are written by then)."""
+        present = [r.name for r in self._resources if found[r.name].complete]
+        self.publisher.publish(slot_devices(present, self.settings.slots))

@@ -1,0 +1,53 @@
+"""Registering the DRA driver with the kubelet's plugin watcher.
+
+The kubelet watches its ``plugins_registry`` directory; for each socket there it calls
+GetInfo (within 1 s) and then NotifyRegistrationStatus. It deregisters a plugin only when
+its socket file goes, so this server just answers and records what the kubelet said.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import grpc
+
+from ate_devplugin.api.pluginregistration.v1 import api_pb2 as pb
+from ate_devplugin.api.pluginregistration.v1 import api_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+PLUGIN_TYPE = "DRAPlugin"
+# The kubelet takes the first entry it knows: the newest first.
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+
+
+class RegistrationServicer(api_pb2_grpc.RegistrationServicer):
+    def __init__(self, driver: str, endpoint: str, on_status: Callable[[bool], None] = lambda registered: None) -> None:
+        self.driver = driver
+        self.on_status = on_status
+        self.endpoint = endpoint  # the DRA service socket, as the kubelet sees it
+        self.registered: bool | None = None  # None until the kubelet told us
+        self.error = ""
+
+    async def GetInfo(
+        self, request: pb.InfoRequest, context: grpc.aio.ServicerContext[object, object]
+    ) -> pb.PluginInfo:
+        return pb.PluginInfo(
+            type=PLUGIN_TYPE, name=self.driver, endpoint=self.endpoint, supported_versions=SUPPORTED_VERSIONS
+        )
+
+    async def NotifyRegistrationStatus(
+        self, request: pb.RegistrationStatus, context: grpc.aio.ServicerContext[object, object]
+    ) -> pb.RegistrationStatusResponse:
+        self.registered, self.error = request.plugin_registered, request.error
+        self.on_status(request.plugin_registered)
+        if request.plugin_registered:
+            log.info("registered with the kubelet as a DRA driver", extra={"driver": self.driver})
+        else:
+            log.error("the kubelet refused the DRA driver: %s", request.error, extra={"driver": self.driver})
+        return pb.RegistrationStatusResponse()
+
+
+def add_to_server(servicer: RegistrationServicer, server: grpc.aio.Server) -> None:
+    api_pb2_grpc.add_RegistrationServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]

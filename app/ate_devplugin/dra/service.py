@@ -1,0 +1,194 @@
+"""The DRA node service the kubelet calls: NodePrepareResources / NodeUnprepareResources.
+
+Both versions the kubelet 1.35 speaks (v1, v1beta1) are served by one implementation.
+A claim is prepared by reading it from the API server and answering, for each device the
+scheduler allocated from this node's pool, the CDI device of the device's resource.
+Nothing on the node changes per claim (the CDI spec is per resource and always there), so
+both calls are idempotent and survive restarts of either side: a prepare repeated after a
+kubelet restart answers the same, and an unprepare of a claim never seen here is a success.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Protocol
+
+import grpc
+from opentelemetry.trace import Span, SpanKind, Tracer
+
+from ate_devplugin.api.dra.v1 import api_pb2 as v1
+from ate_devplugin.api.dra.v1 import api_pb2_grpc as v1_grpc
+from ate_devplugin.api.dra.v1beta1 import api_pb2 as v1beta1
+from ate_devplugin.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from ate_devplugin.observability.metrics import DraMetrics
+from ate_devplugin.observability.tracing import rpc_span, set_rpc_status
+
+log = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class ClaimNotFoundError(Exception):
+    pass
+
+
+class ClaimReader(Protocol):
+    async def get_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
+        """The ResourceClaim as JSON; raises ClaimNotFoundError when it does not exist."""
+        ...
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    namespace: str
+    uid: str
+    name: str
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    request: str  # the base request name (a subrequest "req/sub" counts for "req")
+    device: str
+    cdi_id: str
+
+
+@dataclass
+class ClaimResult:
+    devices: list[PreparedDevice] = field(default_factory=list)
+    error: str = ""
+
+
+class DraDriver:
+    """The version-free logic; ``lookup`` maps a published device name to its CDI device ID."""
+
+    def __init__(
+        self,
+        driver: str,
+        pool: str,
+        lookup: Callable[[str], str | None],
+        claims: ClaimReader,
+        metrics: DraMetrics,
+    ) -> None:
+        self.driver = driver
+        self.pool = pool
+        self.lookup = lookup
+        self.claims = claims
+        self.metrics = metrics
+        self.prepared: set[str] = set()  # claim UIDs; informational (nothing to undo per claim)
+
+    async def prepare(self, refs: list[ClaimRef]) -> dict[str, ClaimResult]:
+        results = await asyncio.gather(*(self._prepare_one(ref) for ref in refs))
+        for ref, result in zip(refs, results, strict=True):
+            self.metrics.claims.labels("NodePrepareResources", "error" if result.error else "success").inc()
+            if not result.error:
+                self.prepared.add(ref.uid)
+        self.metrics.claims_prepared.set(len(self.prepared))
+        return {ref.uid: result for ref, result in zip(refs, results, strict=True)}
+
+    def unprepare(self, refs: list[ClaimRef]) -> dict[str, ClaimResult]:
+        for ref in refs:
+            self.prepared.discard(ref.uid)
+            self.metrics.claims.labels("NodeUnprepareResources", "success").inc()
+        self.metrics.claims_prepared.set(len(self.prepared))
+        return {ref.uid: ClaimResult() for ref in refs}
+
+    async def _prepare_one(self, ref: ClaimRef) -> ClaimResult:
+        where = f"claim {ref.namespace}/{ref.name}"
+        try:
+            claim = await self.claims.get_claim(ref.namespace, ref.name)
+        except ClaimNotFoundError:
+            return ClaimResult(error=f"{where} not found")
+        except Exception as exc:  # the API server's answer is per claim: one failure fails one claim
+            log.warning("cannot read %s: %s", where, exc)
+            return ClaimResult(error=f"cannot read {where}: {exc}")
+        uid = claim.get("metadata", {}).get("uid")
+        if uid != ref.uid:
+            return ClaimResult(error=f"{where} was replaced: UID {uid}, expected {ref.uid}")
+        allocation = (claim.get("status") or {}).get("allocation")
+        if not allocation:
+            return ClaimResult(error=f"{where} is not allocated")
+        devices = []
+        for result in (allocation.get("devices") or {}).get("results") or []:
+            if result.get("driver") != self.driver:
+                continue
+            if result.get("pool") != self.pool:
+                return ClaimResult(
+                    error=f"{where}: device {result.get('device')} is from pool {result.get('pool')}, "
+                    f"not this node's pool {self.pool}"
+                )
+            cdi_id = self.lookup(result.get("device", ""))
+            if cdi_id is None:
+                return ClaimResult(error=f"{where}: device {result.get('device')} is not published by this node")
+            request = str(result.get("request", "")).split("/", 1)[0]
+            devices.append(PreparedDevice(request=request, device=result["device"], cdi_id=cdi_id))
+        log.info(
+            "claim prepared",
+            extra={"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid, "devices": [d.device for d in devices]},
+        )
+        return ClaimResult(devices=devices)
+
+
+class DraServicer:
+    """One DRAPlugin service version, as the kubelet calls it."""
+
+    def __init__(self, driver: DraDriver, pb: ModuleType, tracer: Tracer) -> None:
+        self.driver = driver
+        self.pb = pb
+        self.tracer = tracer
+        self.service = f"{pb.DESCRIPTOR.package}.DRAPlugin"
+
+    async def NodePrepareResources(self, request: Any, context: Context) -> Any:
+        with self._call("NodePrepareResources") as span:
+            span.set_attribute("ate_devplugin.claims", len(request.claims))
+            results = await self.driver.prepare([_ref(c) for c in request.claims])
+            response = self.pb.NodePrepareResourcesResponse()
+            for uid, result in results.items():
+                answer = response.claims[uid]
+                if result.error:
+                    answer.error = result.error
+                for d in result.devices:
+                    answer.devices.add(
+                        request_names=[d.request] if d.request else [],
+                        pool_name=self.driver.pool,
+                        device_name=d.device,
+                        cdi_device_ids=[d.cdi_id],
+                    )
+            return response
+
+    async def NodeUnprepareResources(self, request: Any, context: Context) -> Any:
+        with self._call("NodeUnprepareResources") as span:
+            span.set_attribute("ate_devplugin.claims", len(request.claims))
+            results = self.driver.unprepare([_ref(c) for c in request.claims])
+            response = self.pb.NodeUnprepareResourcesResponse()
+            for uid in results:
+                response.claims[uid].SetInParent()
+            return response
+
+    @contextmanager
+    def _call(self, method: str) -> Iterator[Span]:
+        """The span and the latency of one call."""
+        start = time.perf_counter()
+        try:
+            with rpc_span(self.tracer, self.service, method, SpanKind.SERVER) as span:
+                yield span
+                set_rpc_status(span, grpc.StatusCode.OK.value[0], "OK")
+        finally:
+            self.driver.metrics.call_duration.labels(method).observe(time.perf_counter() - start)
+
+
+def _ref(claim: Any) -> ClaimRef:
+    return ClaimRef(namespace=claim.namespace, uid=claim.uid, name=claim.name)
+
+
+def add_to_server(driver: DraDriver, tracer: Tracer, server: grpc.aio.Server) -> None:
+    """Serves v1 and v1beta1 on one server."""
+    v1_grpc.add_DRAPluginServicer_to_server(DraServicer(driver, v1, tracer), server)  # type: ignore[no-untyped-call]
+    v1beta1_grpc.add_DRAPluginServicer_to_server(  # type: ignore[no-untyped-call]
+        DraServicer(driver, v1beta1, tracer), server
+    )

@@ -1,0 +1,2 @@
+"""What an operator sees: Prometheus metrics, OpenTelemetry traces, structured logs and
+the HTTP endpoints (/metrics, /healthz, /readyz)."""

@@ -1,0 +1,263 @@
+"""Prometheus collectors, on a registry the application owns."""
+
+from __future__ import annotations
+
+import platform
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+)
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+
+from ate_devplugin import __version__
+
+PREFIX = "ate_devplugin"
+REGISTRATION_RESULTS = ("success", "unavailable", "timeout", "rejected", "error")
+HEALTH_LABELS = ("healthy", "unhealthy")
+ALLOCATE_CODES = ("OK", "INVALID_ARGUMENT", "FAILED_PRECONDITION", "INTERNAL")
+# event_handling: a batch of events not handled within its deadline; agent_stop: an
+# agent's task that did not end when cancelled.
+STALL_REASONS = ("event_handling", "agent_stop")
+# The kinds of guarded task (tasks.Guard): each runs for as long as the daemon does.
+TASK_KINDS = ("agent", "event_router", "http", "pod_resources", "slice_watch", "slice_sync")
+CDI_SPEC_UPDATES = tuple((action, result) for action in ("write", "remove") for result in ("success", "failure"))
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None, revision: str = "unknown") -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        res = ["resource_name"]
+        Info(f"{PREFIX}_build", "Version of the running daemon.", registry=r).info(
+            {"version": __version__, "revision": revision, "python_version": platform.python_version()}
+        )
+        self.registrations = Counter(
+            f"{PREFIX}_registrations",
+            "Register calls to the kubelet, by result.",
+            [*res, "result"],
+            registry=r,
+        )
+        self.registered = Gauge(
+            f"{PREFIX}_registered",
+            "1 while registered and the kubelet holds the ListAndWatch stream.",
+            res,
+            registry=r,
+        )
+        self.kubelet_restarts = Counter(
+            f"{PREFIX}_kubelet_restarts", "Times the kubelet socket was created anew.", registry=r
+        )
+        self.devices = Gauge(f"{PREFIX}_devices", "Advertised units, by health.", [*res, "health"], registry=r)
+        self.device_nodes_present = Gauge(
+            f"{PREFIX}_device_nodes_present", "Device nodes found for the resource.", res, registry=r
+        )
+        self.health_changes = Counter(
+            f"{PREFIX}_device_health_changes",
+            "Changes of the advertised health, by new health.",
+            [*res, "health"],
+            registry=r,
+        )
+        self.allocate_requests = Counter(
+            f"{PREFIX}_allocate_requests",
+            "Allocate calls, by gRPC status code.",
+            [*res, "code"],
+            registry=r,
+        )
+        self.allocate_duration = Histogram(
+            f"{PREFIX}_allocate_duration_seconds",
+            "Time to answer an Allocate call.",
+            res,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.preferred_allocation_requests = Counter(
+            f"{PREFIX}_preferred_allocation_requests", "GetPreferredAllocation calls.", res, registry=r
+        )
+        self.list_and_watch_updates = Counter(
+            f"{PREFIX}_list_and_watch_updates", "Device lists sent to the kubelet.", res, registry=r
+        )
+        self.list_and_watch_streams = Gauge(
+            f"{PREFIX}_list_and_watch_streams", "Open ListAndWatch streams.", res, registry=r
+        )
+        self.config_reloads = Counter(
+            f"{PREFIX}_config_reloads", "Configuration reloads, by result.", ["result"], registry=r
+        )
+        for result in ("success", "failure"):
+            self.config_reloads.labels(result)
+        # A level, not only a counter: the alert must hold while the file stays rejected,
+        # however long ago the failure was counted.
+        self.config_rejected = Gauge(
+            f"{PREFIX}_config_rejected",
+            "1 while the config file on disk is rejected and the daemon runs its previous config.",
+            registry=r,
+        )
+        self.lifecycle_stalls = Counter(
+            f"{PREFIX}_lifecycle_stalls",
+            "Times the lifecycle got stuck (and /healthz fails), by reason.",
+            ["reason"],
+            registry=r,
+        )
+        for reason in STALL_REASONS:
+            self.lifecycle_stalls.labels(reason)
+        self.task_failures = Counter(
+            f"{PREFIX}_task_failures",
+            "Long-running tasks that ended unexpectedly (the daemon then exits 1), by kind.",
+            ["task"],
+            registry=r,
+        )
+        for kind in TASK_KINDS:
+            self.task_failures.labels(kind)
+        # --- CDI specs ---
+        self.cdi_spec_updates = Counter(
+            f"{PREFIX}_cdi_spec_updates",
+            "CDI spec files written or removed, by action and result.",
+            [*res, "action", "result"],
+            registry=r,
+        )
+        # --- end CDI specs ---
+
+    def _series(self, name: str) -> list[tuple[MetricWrapperBase, tuple[str, ...]]]:
+        """Every labelled series of one resource, as (metric, label values)."""
+        return [
+            *((self.registrations, (name, result)) for result in REGISTRATION_RESULTS),
+            *((m, (name, health)) for health in HEALTH_LABELS for m in (self.devices, self.health_changes)),
+            *((self.allocate_requests, (name, code)) for code in ALLOCATE_CODES),
+            *((self.cdi_spec_updates, (name, *a)) for a in CDI_SPEC_UPDATES),
+            *(
+                (m, (name,))
+                for m in (
+                    self.registered,
+                    self.device_nodes_present,
+                    self.allocate_duration,
+                    self.preferred_allocation_requests,
+                    self.list_and_watch_updates,
+                    self.list_and_watch_streams,
+                )
+            ),
+        ]
+
+    def add_resource(self, name: str) -> None:
+        """Create every labelled series of a resource at zero."""
+        for metric, labels in self._series(name):
+            metric.labels(*labels)
+
+    def remove_resource(self, name: str) -> None:
+        for metric, labels in self._series(name):
+            metric.remove(*labels)
+
+
+# --- DRA driver (mode dra or both) ----------------------------------------------------
+DRA_METHODS = ("NodePrepareResources", "NodeUnprepareResources")
+DRA_CLAIM_RESULTS = ("success", "error")
+DRA_SLICE_OPS = ("create", "update", "delete")
+
+
+class DraMetrics:
+    """The DRA driver's collectors, registered only when DRA is on (device-plugin mode pays nothing)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.claims = Counter(
+            f"{PREFIX}_dra_claims",
+            "Claims handled in NodePrepareResources / NodeUnprepareResources calls, by method and result.",
+            ["method", "result"],
+            registry=r,
+        )
+        self.call_duration = Histogram(
+            f"{PREFIX}_dra_call_duration_seconds",
+            "Time to answer a DRA call from the kubelet, by method.",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.claims_prepared = Gauge(
+            f"{PREFIX}_dra_claims_prepared", "Claims prepared on this node and not yet unprepared.", registry=r
+        )
+        self.registered = Gauge(
+            f"{PREFIX}_dra_registered", "1 once the kubelet accepted the DRA driver's registration.", registry=r
+        )
+        self.slice_devices = Gauge(
+            f"{PREFIX}_dra_slice_devices",
+            "Devices this node publishes in its ResourceSlices, by resource.",
+            ["resource_name"],
+            registry=r,
+        )
+        self.slice_writes = Counter(
+            f"{PREFIX}_dra_slice_writes",
+            "ResourceSlice writes to the API server, by operation and result.",
+            ["op", "result"],
+            registry=r,
+        )
+        self.slices_in_sync = Gauge(
+            f"{PREFIX}_dra_slices_in_sync",
+            "1 while the published ResourceSlices match the node's devices, 0 while a write is failing.",
+            registry=r,
+        )
+        for method in DRA_METHODS:
+            self.call_duration.labels(method)
+            for result in DRA_CLAIM_RESULTS:
+                self.claims.labels(method, result)
+        for op in DRA_SLICE_OPS:
+            for result in ("success", "failure"):
+                self.slice_writes.labels(op, result)
+
+
+# --- pods holding units (podresources.py) ---------------------------------------------
+
+POD_RESOURCES_RESULTS = ("success", "unavailable", "timeout", "error")
+
+
+class PodResourcesMetrics:
+    """The series of podresources.py, on the daemon's registry; made only when it runs.
+
+    ``pod_units`` names pods: bounded by podresources.MAX_SERIES, what is over it counted.
+    Its ``namespace``, ``pod`` and ``container`` labels are the consumer's; the chart's
+    ServiceMonitor and PodMonitor honour them over the scrape target's.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.pod_units = Gauge(
+            f"{PREFIX}_pod_units",
+            "Units of the resource a pod's container holds, as the kubelet's PodResources API lists them.",
+            ["resource_name", "namespace", "pod", "container"],
+            registry=r,
+        )
+        self.pods_holding = Gauge(
+            f"{PREFIX}_pods_holding_units", "Pods holding units of the resource.", ["resource_name"], registry=r
+        )
+        self.pods_on_unhealthy_device = Gauge(
+            f"{PREFIX}_pods_on_unhealthy_device",
+            "Pods holding units of the resource while its device nodes are absent (Unhealthy).",
+            ["resource_name"],
+            registry=r,
+        )
+        self.series_dropped = Gauge(
+            f"{PREFIX}_pod_units_series_dropped",
+            "Containers holding units that have no pod_units series: over the bound.",
+            registry=r,
+        )
+        self.requests = Counter(
+            f"{PREFIX}_pod_resources_requests",
+            "PodResources List calls to the kubelet, by result.",
+            ["result"],
+            registry=r,
+        )
+        for result in POD_RESOURCES_RESULTS:
+            self.requests.labels(result)
+        self.duration = Histogram(
+            f"{PREFIX}_pod_resources_duration_seconds",
+            "Time a PodResources List call took.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )

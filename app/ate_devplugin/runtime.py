@@ -1,0 +1,192 @@
+"""The composition root: every real implementation is built here from Settings, and run.
+
+cli.py parses the command line into Settings and calls :func:`run`. Each subsystem gets
+only its own part of the settings. The DRA driver and its Kubernetes client are imported
+only in mode dra or both: device-plugin mode loads neither.
+
+Exit codes: 0 done, 1 runtime failure, 2 bad configuration (one line, no traceback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import grpc
+from prometheus_client import disable_created_metrics
+
+from ate_devplugin import config
+from ate_devplugin.components import Component, Resources
+from ate_devplugin.config import ConfigError
+from ate_devplugin.daemon import Daemon
+from ate_devplugin.deviceplugin.inventory import ResourceState
+from ate_devplugin.deviceplugin.plugin import DevicePlugin
+from ate_devplugin.deviceplugin.podresources import PodResourcesWatch
+from ate_devplugin.deviceplugin.ports import GrpcKubelet, HostFilesystem, Ports, SystemClock
+from ate_devplugin.deviceplugin.server import plugin_server
+from ate_devplugin.deviceplugin.servicer import DevicePluginServicer
+from ate_devplugin.host import cdi, devices
+from ate_devplugin.host.sockets import ServeError, UnixServer
+from ate_devplugin.observability.http import HttpServer
+from ate_devplugin.observability.logs import setup_logging
+from ate_devplugin.observability.metrics import Metrics, PodResourcesMetrics
+from ate_devplugin.observability.tracing import Tracing, setup_tracing
+from ate_devplugin.reload import ConfigReader
+from ate_devplugin.settings import Settings
+from ate_devplugin.tasks import TaskDiedError
+
+if TYPE_CHECKING:
+    from ate_devplugin.dra.plugin import ApiServer
+
+log = logging.getLogger("ate_devplugin")
+
+EXIT_RUNTIME = 1
+EXIT_CONFIG = 2
+RELOAD_SIGNALS = (signal.SIGHUP,)
+# Every catchable signal whose default would end the process: each stops it cleanly, so
+# no stale socket stays behind. (Faults like SIGSEGV and the uncatchable SIGKILL aside.)
+STOP_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGALRM,
+    signal.SIGVTALRM,
+    signal.SIGPROF,
+    signal.SIGPWR,
+    signal.SIGXCPU,
+    signal.SIGSTKFLT,
+)
+
+
+def run(settings: Settings) -> int:
+    """Loads the resources (and, with DRA, the API server's credentials), then serves until stopped."""
+    try:
+        resources = config.load(settings.config, settings.plugin_dir)
+        kube = None
+        if settings.dra:
+            from ate_devplugin.dra.kube import connect  # device-plugin mode loads no Kubernetes client
+
+            kube = connect()
+    except ConfigError as exc:
+        print(f"ate-devplugin: config error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    setup_logging(settings.log_format, settings.log_level)
+    # The *_created series double the exposition and tell an operator nothing here.
+    disable_created_metrics()  # type: ignore[no-untyped-call]  # unannotated in prometheus-client
+    try:
+        asyncio.run(serve(settings, resources, kube))
+    except (OSError, ServeError, TaskDiedError) as exc:
+        log.error("cannot run: %s", exc)
+        return EXIT_RUNTIME
+    return 0
+
+
+async def serve(settings: Settings, resources: Resources, kube: ApiServer | None = None) -> None:
+    loop = asyncio.get_running_loop()
+    # Hold gRPC's asyncio runtime for the whole run: when its last server goes, gRPC shuts
+    # its poller down from inside the loop, blocking it while a write to a peer that
+    # stopped reading is pending.
+    grpc.aio.init_grpc_aio()  # type: ignore[attr-defined]  # missing from grpc-stubs
+    metrics = Metrics(revision=os.environ.get("ATE_DEVPLUGIN_REVISION", "unknown"))
+    tracing = setup_tracing()
+    daemon = build(settings, resources, metrics, tracing, kube=kube)
+    http = HttpServer(
+        settings.metrics_host,
+        settings.metrics_port,
+        metrics.registry,
+        loop,
+        daemon.readiness,
+        daemon.liveness,
+        on_death=daemon.guard.for_thread("http", "http endpoint"),
+    )
+    http.start()
+    log.info("listening for metrics and probes", extra={"address": f"{settings.metrics_host}:{http.port}"})
+    # A parent may have left these blocked (the mask is inherited); we must hear them.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {*STOP_SIGNALS, *RELOAD_SIGNALS})
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, daemon.request_stop, sig.name)
+    for sig in RELOAD_SIGNALS:
+        loop.add_signal_handler(sig, daemon.request_reload)
+    try:
+        await daemon.run()
+    finally:
+        http.close()
+        _flush(tracing.shutdown, settings.timing.trace_flush_s)
+        log.info("stopped")
+
+
+def build(
+    settings: Settings,
+    resources: Resources,
+    metrics: Metrics,
+    tracing: Tracing,
+    *,
+    kube: ApiServer | None = None,
+    ports: Ports | None = None,
+    discover: devices.Discover = devices.discover,
+) -> Daemon:
+    """The daemon and its components; tests pass fake ``ports`` and ``discover``."""
+    reader = None
+    if settings.config is not None:
+        reader = ConfigReader(settings.config, settings.plugin_dir, metrics, settings.timing.reload_timeout_s)
+    parts = components(settings, metrics, tracing, kube, ports or host_ports(settings, metrics, tracing))
+    return Daemon(settings.for_daemon(), resources, parts, metrics, reader, discover)
+
+
+def components(
+    settings: Settings, metrics: Metrics, tracing: Tracing, kube: ApiServer | None, ports: Ports
+) -> list[Component]:
+    """What the daemon does in this mode. Start order: the last one's start yields to no
+    task, so the PodResources watch, last, lists first after the first discovery."""
+    built: list[Component] = []
+    plugin = None
+    if settings.device_plugin:
+        plugin = DevicePlugin(settings.for_device_plugin(), ports, metrics, tracing.tracer)
+        built.append(plugin)
+    # A DRA driver answers with CDI names only: then every resource needs its spec.
+    built.append(cdi.CdiSpecs(settings.cdi_dir, metrics, every_resource=kube is not None))
+    if kube is not None:
+        from ate_devplugin.dra.plugin import DraPlugin
+        from ate_devplugin.observability.metrics import DraMetrics
+
+        built.append(DraPlugin(settings.for_dra(), kube, cdi.device_id, DraMetrics(metrics.registry), tracing.tracer))
+    if settings.pod_resources:
+        health = plugin.health if plugin is not None else dict  # no device plugin: no resource served
+        pods = PodResourcesWatch(
+            settings.for_pod_resources(), PodResourcesMetrics(metrics.registry), tracing.tracer, health
+        )
+        if plugin is not None:
+            plugin.health_listeners.append(pods.health_changed)
+        built.append(pods)
+    return built
+
+
+def host_ports(settings: Settings, metrics: Metrics, tracing: Tracing) -> Ports:
+    """The device plugin's ports to the real host and kubelet."""
+    part = settings.for_device_plugin()
+
+    def make_server(state: ResourceState) -> UnixServer:
+        servicer = DevicePluginServicer(state, metrics, tracing.tracer)
+        return plugin_server(part.socket_path(state.config), servicer, part.server_stop_margin_s)
+
+    return Ports(
+        fs=HostFilesystem(),
+        kubelet=GrpcKubelet(tracing.tracer, part.register_timeout_s),
+        clock=SystemClock(),
+        make_server=make_server,
+    )
+
+
+def _flush(shutdown: Callable[[], None], deadline: float) -> None:
+    """Flushes spans, giving up after a deadline so an unreachable collector cannot hold exit."""
+    thread = threading.Thread(target=shutdown, name="trace flush", daemon=True)
+    thread.start()
+    thread.join(deadline)

@@ -1,0 +1,111 @@
+"""An in-memory API server for the DRA driver's unit tests (claims, nodes, slices with watch)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from ate_devplugin.dra.service import ClaimNotFoundError
+
+
+class FakeApi:
+    def __init__(self) -> None:
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.slices: dict[str, dict[str, Any]] = {}
+        self.fail_writes = 0  # the next N writes fail
+        self.claim_error: Exception | None = None
+        self.writes: list[str] = []
+        self.closed = False
+        self._versions = itertools.count(1)
+        self._names = itertools.count()
+        self._watchers: list[asyncio.Queue[tuple[str, dict[str, Any]]]] = []
+
+    # --- claims and nodes ---
+
+    def add_claim(self, namespace: str, name: str, uid: str, results: list[dict[str, Any]] | None) -> None:
+        status = {} if results is None else {"allocation": {"devices": {"results": results}}}
+        self.claims[namespace, name] = {
+            "metadata": {"namespace": namespace, "name": name, "uid": uid},
+            "status": status,
+        }
+
+    async def get_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
+        if self.claim_error is not None:
+            raise self.claim_error
+        try:
+            return self.claims[namespace, name]
+        except KeyError:
+            raise ClaimNotFoundError(f"{namespace}/{name}") from None
+
+    async def node_uid(self, node: str) -> str:
+        return f"uid-of-{node}"
+
+    async def close(self) -> None:
+        self.closed = True
+
+    # --- slices ---
+
+    async def list_slices(self, driver: str, node: str) -> tuple[list[dict[str, Any]], str]:
+        return [copy.deepcopy(s) for s in self.slices.values()], str(next(self._versions))
+
+    async def watch_slices(
+        self, driver: str, node: str, resource_version: str
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+        self._watchers.append(queue)
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            self._watchers.remove(queue)
+
+    def _notify(self, kind: str, item: dict[str, Any]) -> None:
+        for queue in self._watchers:
+            queue.put_nowait((kind, copy.deepcopy(item)))
+
+    def _write(self, op: str) -> None:
+        self.writes.append(op)
+        if self.fail_writes:
+            self.fail_writes -= 1
+            raise RuntimeError(f"{op} refused")
+
+    async def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        self._write("create")
+        item = copy.deepcopy(body)
+        name = item["metadata"].pop("generateName") + str(next(self._names))
+        item["metadata"].update(name=name, resourceVersion=str(next(self._versions)))
+        self.slices[name] = item
+        self._notify("ADDED", item)
+        return copy.deepcopy(item)
+
+    async def replace_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        self._write("update")
+        name = body["metadata"]["name"]
+        if self.slices[name]["metadata"]["resourceVersion"] != body["metadata"]["resourceVersion"]:
+            raise RuntimeError("conflict")
+        item = copy.deepcopy(body)
+        item["metadata"]["resourceVersion"] = str(next(self._versions))
+        self.slices[name] = item
+        self._notify("MODIFIED", item)
+        return copy.deepcopy(item)
+
+    async def delete_slice(self, name: str) -> None:
+        self._write("delete")
+        item = self.slices.pop(name, None)
+        if item is not None:
+            self._notify("DELETED", item)
+
+    def wipe(self) -> None:
+        """What the kubelet does at start: every slice of the node goes."""
+        for name in list(self.slices):
+            self._notify("DELETED", self.slices.pop(name))
+
+    def devices(self) -> list[str]:
+        return sorted(d["name"] for s in self.slices.values() for d in s["spec"]["devices"])
+
+
+def cdi_id(resource: str) -> str:
+    return f"{resource}={resource.rpartition('/')[2]}"

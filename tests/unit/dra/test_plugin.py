@@ -1,0 +1,234 @@
+"""The DRA driver: registration and node service over real gRPC sockets, slices on a fake API server."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from opentelemetry.trace import NoOpTracer
+from prometheus_client import CollectorRegistry
+
+from ate_devplugin.api.dra.v1 import api_pb2 as v1
+from ate_devplugin.api.dra.v1 import api_pb2_grpc as v1_grpc
+from ate_devplugin.api.dra.v1beta1 import api_pb2 as v1beta1
+from ate_devplugin.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from ate_devplugin.api.pluginregistration.v1 import api_pb2 as reg
+from ate_devplugin.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from ate_devplugin.config import DEFAULT_RESOURCES
+from ate_devplugin.dra.plugin import DraPlugin
+from ate_devplugin.dra.service import ClaimRef
+from ate_devplugin.host.devices import DeviceNode, Discovery
+from ate_devplugin.observability.metrics import DraMetrics
+from ate_devplugin.settings import DRA_DRIVER, Settings, resolve
+from ate_devplugin.tasks import Guard
+from tests.unit.dra.fakes import FakeApi, cdi_id
+from tests.unit.fakes import until
+
+NODE = "node-a"
+
+
+KVM = DEFAULT_RESOURCES[0]
+
+
+PRESENT = {KVM.name: Discovery(nodes=(DeviceNode("/dev/kvm", 10, 232),), complete=True)}
+
+
+ABSENT = {KVM.name: Discovery(nodes=(), complete=False)}
+
+
+def dra_settings(tmp_path: Path, **flags: str) -> Settings:
+    return resolve(
+        {
+            "mode": "dra",
+            "registry_dir": str(tmp_path / "plugins_registry"),
+            "dra_dir": str(tmp_path / "plugins" / DRA_DRIVER),
+            "dra_slots": "4",
+            **flags,
+        },
+        {"NODE_NAME": NODE},
+    )
+
+
+class Rig:
+    def __init__(self, tmp_path: Path, **flags: str) -> None:
+        self.settings = dra_settings(tmp_path, **flags)
+        self.api = FakeApi()
+        self.registry = CollectorRegistry()
+        self.plugin = DraPlugin(self.settings.for_dra(), self.api, cdi_id, DraMetrics(self.registry), NoOpTracer())
+        self.deaths: list[str] = []
+        self.guard = Guard(lambda name, error: self.deaths.append(name))
+
+    async def start(self) -> None:
+        await self.plugin.start((KVM,), self.guard)
+
+    def sample(self, name: str, **labels: str) -> float | None:
+        return self.registry.get_sample_value(name, labels)
+
+    def channel(self, path: str) -> grpc.aio.Channel:
+        return grpc.aio.insecure_channel(f"unix://{path}")
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> Any:
+    rig = Rig(tmp_path)
+    await rig.start()
+    rig.plugin.on_discovery(PRESENT)
+    await until(lambda: rig.plugin.publisher.synced.is_set(), "slices published")
+    yield rig
+    if rig.plugin._servers:
+        await rig.plugin.stop(2.0)
+
+
+def allocated(*devices: str, request: str = "kvm", pool: str = NODE, driver: str = DRA_DRIVER) -> list[dict[str, Any]]:
+    return [{"request": request, "driver": driver, "pool": pool, "device": d} for d in devices]
+
+
+async def test_registration_tells_the_kubelet_the_driver_and_both_versions(rig: Rig) -> None:
+    sock = rig.settings.registration_socket
+    assert sock.endswith(f"plugins_registry/{DRA_DRIVER}-reg.sock")
+    assert os.stat(sock).st_mode & 0o777 == 0o600
+    async with rig.channel(sock) as channel:
+        stub = reg_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
+        info = await stub.GetInfo(reg.InfoRequest())
+        assert (info.type, info.name, info.endpoint) == ("DRAPlugin", DRA_DRIVER, rig.settings.dra_socket)
+        assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+        assert rig.plugin.readiness() == (False, "DRA driver not registered with the kubelet")
+        await stub.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=False, error="bad name"))
+        assert rig.plugin.readiness() == (False, "DRA driver not registered with the kubelet: bad name")
+        assert rig.sample("ate_devplugin_dra_registered") == 0
+        await stub.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=True))
+    assert rig.plugin.readiness() == (True, "DRA driver registered, slices published")
+    assert rig.sample("ate_devplugin_dra_registered") == 1
+
+
+@pytest.mark.parametrize(("pb", "grpc_mod"), [(v1, v1_grpc), (v1beta1, v1beta1_grpc)])
+async def test_prepare_answers_the_cdi_device_of_each_allocated_slot(rig: Rig, pb: Any, grpc_mod: Any) -> None:
+    rig.api.add_claim("ns", "one", "u1", allocated("ate-dev-kvm-0", request="kvm/fast"))
+    rig.api.add_claim("ns", "two", "u2", allocated("ate-dev-kvm-3") + allocated("gpu-0", driver="other.example"))
+    claims = [pb.Claim(namespace="ns", uid="u1", name="one"), pb.Claim(namespace="ns", uid="u2", name="two")]
+    async with rig.channel(rig.settings.dra_socket) as channel:
+        stub = grpc_mod.DRAPluginStub(channel)
+        for _ in range(2):  # again, as after a kubelet restart: the same answer
+            response = await stub.NodePrepareResources(pb.NodePrepareResourcesRequest(claims=claims))
+            assert set(response.claims) == {"u1", "u2"}
+            for uid, device in (("u1", "ate-dev-kvm-0"), ("u2", "ate-dev-kvm-3")):
+                answer = response.claims[uid]
+                assert answer.error == ""
+                assert [
+                    (list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids)) for d in answer.devices
+                ] == [(["kvm"], NODE, device, ["ate.dev/kvm=kvm"])]
+        assert rig.plugin.driver.prepared == {"u1", "u2"}
+        assert rig.sample("ate_devplugin_dra_claims_prepared") == 2
+        gone = await stub.NodeUnprepareResources(
+            pb.NodeUnprepareResourcesRequest(claims=[*claims, pb.Claim(namespace="ns", uid="never", name="seen")])
+        )
+        assert set(gone.claims) == {"u1", "u2", "never"}
+        assert all(answer.error == "" for answer in gone.claims.values())
+    assert rig.sample("ate_devplugin_dra_claims_prepared") == 0
+    assert rig.sample("ate_devplugin_dra_claims_total", method="NodePrepareResources", result="success") == 4
+    assert rig.sample("ate_devplugin_dra_claims_total", method="NodeUnprepareResources", result="success") == 3
+    assert rig.sample("ate_devplugin_dra_call_duration_seconds_count", method="NodePrepareResources") == 2
+
+
+async def test_prepare_fails_each_bad_claim_alone(rig: Rig) -> None:
+    rig.api.add_claim("ns", "ok", "u-ok", allocated("ate-dev-kvm-1"))
+    rig.api.add_claim("ns", "pending", "u-p", None)
+    rig.api.add_claim("ns", "replaced", "u-new", allocated("ate-dev-kvm-1"))
+    rig.api.add_claim("ns", "stray", "u-s", allocated("ate-dev-kvm-99"))
+    rig.api.add_claim("ns", "elsewhere", "u-e", allocated("ate-dev-kvm-1", pool="node-b"))
+    names = {"ok": "u-ok", "pending": "u-p", "replaced": "u-old", "stray": "u-s", "elsewhere": "u-e", "gone": "u-g"}
+    claims = [v1.Claim(namespace="ns", uid=uid, name=name) for name, uid in names.items()]
+    async with rig.channel(rig.settings.dra_socket) as channel:
+        response = await v1_grpc.DRAPluginStub(channel).NodePrepareResources(  # type: ignore[no-untyped-call]
+            v1.NodePrepareResourcesRequest(claims=claims)
+        )
+    errors = {uid: answer.error for uid, answer in response.claims.items()}
+    assert errors == {
+        "u-ok": "",
+        "u-p": "claim ns/pending is not allocated",
+        "u-old": "claim ns/replaced was replaced: UID u-new, expected u-old",
+        "u-s": "claim ns/stray: device ate-dev-kvm-99 is not published by this node",
+        "u-e": "claim ns/elsewhere: device ate-dev-kvm-1 is from pool node-b, not this node's pool node-a",
+        "u-g": "claim ns/gone not found",
+    }
+    assert rig.sample("ate_devplugin_dra_claims_total", method="NodePrepareResources", result="error") == 5
+    rig.api.claim_error = RuntimeError("connection refused")
+    result = await rig.plugin.driver.prepare([ClaimRef("ns", "u-ok", "ok")])
+    assert result["u-ok"].error == "cannot read claim ns/ok: connection refused"
+
+
+async def test_slices_carry_the_slots_the_owner_and_the_pool(rig: Rig) -> None:
+    [item] = rig.api.slices.values()
+    assert item["metadata"]["name"].startswith(f"{NODE}-{DRA_DRIVER}-")
+    assert item["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": f"uid-of-{NODE}", "controller": True}
+    ]
+    spec = item["spec"]
+    assert (spec["driver"], spec["nodeName"], spec["pool"]) == (
+        DRA_DRIVER,
+        NODE,
+        {"name": NODE, "generation": 1, "resourceSliceCount": 1},
+    )
+    assert [d["name"] for d in spec["devices"]] == [f"ate-dev-kvm-{i}" for i in range(4)]
+    assert spec["devices"][0]["attributes"] == {"resource": {"string": "ate.dev/kvm"}}
+    assert rig.sample("ate_devplugin_dra_slice_devices", resource_name="ate.dev/kvm") == 4
+    assert rig.sample("ate_devplugin_dra_slices_in_sync") == 1
+
+
+async def test_slices_follow_device_health_and_come_back_after_a_wipe(rig: Rig) -> None:
+    rig.plugin.on_discovery(ABSENT)
+    await until(lambda: rig.api.devices() == [], "slots withdrawn")
+    [item] = rig.api.slices.values()  # an empty pool is still published
+    assert item["spec"]["pool"]["generation"] == 2
+    rig.plugin.on_discovery(PRESENT)
+    await until(lambda: len(rig.api.devices()) == 4, "slots back")
+    writes = len(rig.api.writes)
+    rig.api.wipe()  # the kubelet started
+    await until(lambda: len(rig.api.devices()) == 4, "slices written again")
+    assert rig.api.writes[writes:] == ["create"]
+    [item] = rig.api.slices.values()
+    assert item["spec"]["pool"]["generation"] == 4
+
+
+async def test_many_slots_take_several_slices_and_failed_writes_are_retried(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, dra_slots="300")
+    rig.plugin.publisher.retry_s = 0.01
+    rig.api.fail_writes = 2
+    await rig.start()
+    try:
+        rig.plugin.on_discovery(PRESENT)
+        await until(lambda: len(rig.api.devices()) == 300, "three slices")
+        counts = sorted(len(s["spec"]["devices"]) for s in rig.api.slices.values())
+        assert counts == [44, 128, 128]
+        assert {s["spec"]["pool"]["resourceSliceCount"] for s in rig.api.slices.values()} == {3}
+        assert rig.sample("ate_devplugin_dra_slice_writes_total", op="create", result="failure") == 2
+        rig.plugin.on_discovery(ABSENT)
+        await until(lambda: len(rig.api.slices) == 1 and rig.api.devices() == [], "down to one empty slice")
+    finally:
+        await rig.plugin.stop(2.0)
+
+
+async def test_stop_removes_sockets_and_slices(rig: Rig) -> None:
+    await rig.plugin.stop(2.0)
+    assert not os.path.exists(rig.settings.registration_socket)
+    assert not os.path.exists(rig.settings.dra_socket)
+    assert rig.api.slices == {}
+    assert rig.api.closed
+
+
+async def test_a_stale_socket_is_replaced(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    os.makedirs(os.path.dirname(rig.settings.dra_socket))
+    Path(rig.settings.dra_socket).write_text("left behind")
+    await rig.start()
+    try:
+        async with rig.channel(rig.settings.dra_socket) as channel:
+            response = await v1_grpc.DRAPluginStub(channel).NodeUnprepareResources(  # type: ignore[no-untyped-call]
+                v1.NodeUnprepareResourcesRequest(claims=[v1.Claim(namespace="n", uid="u", name="c")])
+            )
+        assert list(response.claims) == ["u"]
+    finally:
+        await rig.plugin.stop(2.0)

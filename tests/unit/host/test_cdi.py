@@ -1,0 +1,160 @@
+"""CDI specs: the document for a resource, its name, and the atomic writer."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from ate_devplugin.config import MountConfig, ResourceConfig
+from ate_devplugin.host import cdi
+from ate_devplugin.host.cdi import CdiSpecs, device_id, spec
+from ate_devplugin.host.devices import DeviceNode
+from ate_devplugin.observability.metrics import Metrics
+
+KVM = ResourceConfig(name="ate.dev/kvm", devices=("/dev/kvm",), allocate="cdi")
+
+
+KVM_NODE = DeviceNode("/dev/kvm", 10, 232)
+
+
+def test_device_id_is_kind_and_the_name_after_the_slash() -> None:
+    assert device_id("ate.dev/kvm") == "ate.dev/kvm=kvm"
+    assert device_id("example.com/vfio.gpu") == "example.com/vfio.gpu=vfio.gpu"
+    assert cdi.spec_file_name("ate.dev/kvm") == "ate.dev-kvm.json"
+
+
+def test_spec_of_a_plain_resource() -> None:
+    assert spec(KVM, [KVM_NODE]) == {
+        "cdiVersion": "0.3.0",
+        "kind": "ate.dev/kvm",
+        "devices": [
+            {
+                "name": "kvm",
+                "containerEdits": {
+                    "deviceNodes": [{"path": "/dev/kvm", "type": "c", "major": 10, "minor": 232, "permissions": "rw"}]
+                },
+            }
+        ],
+    }
+
+
+def test_spec_carries_mode_owner_mounts_env_and_every_node() -> None:
+    resource = ResourceConfig(
+        name="ate.dev/vfio",
+        devices=("/dev/vfio/*",),
+        permissions="rwm",
+        mounts=(MountConfig("/etc/ate", "/var/ate"), MountConfig("/scratch", "/srv/scratch", read_only=False)),
+        env={"ATE": "1", "B": "x=y"},
+        cdi_file_mode=0o666,
+        cdi_uid=10001,
+        cdi_gid=0,
+    )
+    nodes = [DeviceNode("/dev/vfio/1", 243, 1), DeviceNode("/dev/vfio/vfio", 10, 196)]
+    doc = spec(resource, nodes)
+    assert doc["cdiVersion"] == "0.4.0"  # mount type
+    (device,) = doc["devices"]
+    edits = device["containerEdits"]
+    assert [(n["path"], n["major"], n["minor"]) for n in edits["deviceNodes"]] == [
+        ("/dev/vfio/1", 243, 1),
+        ("/dev/vfio/vfio", 10, 196),
+    ]
+    assert {(n["fileMode"], n["uid"], n["gid"], n["permissions"]) for n in edits["deviceNodes"]} == {
+        (438, 10001, 0, "rwm")
+    }
+    assert edits["mounts"] == [
+        {"hostPath": "/var/ate", "containerPath": "/etc/ate", "type": "bind", "options": ["rbind", "ro"]},
+        {"hostPath": "/srv/scratch", "containerPath": "/scratch", "type": "bind", "options": ["rbind", "rw"]},
+    ]
+    assert edits["env"] == ["ATE=1", "B=x=y"]
+
+
+def test_a_dot_in_the_class_needs_version_0_6_0() -> None:
+    resource = ResourceConfig(name="ate.dev/kvm.v2", devices=("/dev/kvm",))
+    assert spec(resource, [KVM_NODE])["cdiVersion"] == "0.6.0"
+
+
+class Writer:
+    def __init__(self, tmp_path: Path) -> None:
+        self.dir = tmp_path / "run" / "cdi"  # made by the first write
+        self.metrics = Metrics(CollectorRegistry())
+        self.specs = CdiSpecs(str(self.dir), self.metrics)
+        self.file = self.dir / "ate.dev-kvm.json"
+
+    def count(self, action: str, result: str) -> float:
+        value = self.metrics.registry.get_sample_value(
+            "ate_devplugin_cdi_spec_updates_total", {"resource_name": "ate.dev/kvm", "action": action, "result": result}
+        )
+        return value or 0.0
+
+
+def test_write_puts_the_spec_in_place_and_rewrites_only_on_change(tmp_path: Path) -> None:
+    w = Writer(tmp_path)
+    assert w.specs.write(KVM, [KVM_NODE])
+    assert json.loads(w.file.read_text()) == spec(KVM, [KVM_NODE])
+    assert w.file.stat().st_mode & 0o777 == 0o644
+    assert os.listdir(w.dir) == ["ate.dev-kvm.json"]  # no temp file left
+    inode = w.file.stat().st_ino
+
+    assert w.specs.write(KVM, [KVM_NODE])  # the same: untouched
+    assert w.file.stat().st_ino == inode
+    assert w.count("write", "success") == 1
+
+    nodes = [KVM_NODE, DeviceNode("/dev/kvm1", 10, 233)]
+    assert w.specs.write(KVM, nodes)  # replaced by rename: a new inode, never a partial file
+    assert w.file.stat().st_ino != inode
+    assert json.loads(w.file.read_text()) == spec(KVM, nodes)
+    assert w.count("write", "success") == 2
+    assert w.specs.resources == {"ate.dev/kvm"}
+
+
+def test_no_node_present_means_no_spec(tmp_path: Path) -> None:
+    w = Writer(tmp_path)
+    assert w.specs.write(KVM, [])  # never written: nothing to remove
+    assert not w.dir.exists()
+    w.specs.write(KVM, [KVM_NODE])
+    assert w.specs.write(KVM, [])
+    assert not w.file.exists()
+    assert w.count("remove", "success") == 1
+    assert w.specs.resources == set()
+
+
+def test_remove_all_removes_only_its_own_files(tmp_path: Path) -> None:
+    w = Writer(tmp_path)
+    tun = ResourceConfig(name="ate.dev/tun", devices=("/dev/net/tun",), allocate="both")
+    w.specs.write(KVM, [KVM_NODE])
+    w.specs.write(tun, [DeviceNode("/dev/net/tun", 10, 200)])
+    (w.dir / "vendor-other.json").write_text("{}")
+    w.file.unlink()  # gone already: fine
+    assert w.specs.remove_all()
+    assert os.listdir(w.dir) == ["vendor-other.json"]
+    assert w.specs.resources == set()
+
+
+def test_failures_are_counted_and_retried(tmp_path: Path) -> None:
+    w = Writer(tmp_path)
+    w.dir.parent.mkdir()
+    w.dir.write_text("not a directory")
+    assert not w.specs.write(KVM, [KVM_NODE])
+    assert w.count("write", "failure") == 1
+    assert w.specs.resources == set()
+    w.dir.unlink()
+    assert w.specs.write(KVM, [KVM_NODE])  # the next discovery tries again
+    assert w.file.exists()
+
+    w.file.unlink()
+    w.file.mkdir()  # unlink of a directory fails
+    (w.file / "x").write_text("")
+    assert not w.specs.remove("ate.dev/kvm")
+    assert w.count("remove", "failure") == 1
+    assert w.specs.resources == {"ate.dev/kvm"}
+
+
+def test_a_failed_write_leaves_no_temp_file(tmp_path: Path) -> None:
+    w = Writer(tmp_path)
+    w.dir.mkdir(parents=True)
+    w.file.mkdir()  # rename onto a directory fails after the temp file was written
+    assert not w.specs.write(KVM, [KVM_NODE])
+    assert os.listdir(w.dir) == ["ate.dev-kvm.json"]

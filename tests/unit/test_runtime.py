@@ -1,0 +1,110 @@
+"""The composition root: serve in-process (signals stop or reload it; the probes answer
+meanwhile; no root), and what device-plugin mode loads."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import urllib.error
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from opentelemetry.trace import NoOpTracerProvider
+from prometheus_client import CollectorRegistry
+
+from ate_devplugin import config, runtime
+from ate_devplugin.host.cdi import CdiSpecs
+from ate_devplugin.observability.metrics import Metrics
+from ate_devplugin.observability.tracing import Tracing
+from ate_devplugin.settings import Timing, resolve
+from tests.unit.dra.fakes import FakeApi
+
+KVM_ONLY = "resources: [{name: ate.dev/kvm, devices: [/dev/kvm]}]\n"
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGQUIT])
+def test_serve_stops_on_a_terminating_signal(tmp_path: Path, caplog: pytest.LogCaptureFixture, sig: int) -> None:
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "config.yaml").write_text(KVM_ONLY)
+    settings = resolve(
+        {
+            "device_root": str(tmp_path / "dev"),
+            "plugin_dir": str(tmp_path / "plugins"),
+            "metrics_address": "127.0.0.1:0",
+            "config": str(tmp_path / "config.yaml"),
+        },
+        {},
+    )
+    settings = replace(settings, timing=Timing(shutdown_deadline_s=1.0, trace_flush_s=0.5))
+    answers: list[tuple[int, str]] = []
+
+    async def main() -> None:
+        serving = asyncio.create_task(runtime.serve(settings, config.load(settings.config, settings.plugin_dir)))
+        while not any("listening for metrics" in r.getMessage() for r in caplog.records):
+            await asyncio.sleep(0.01)
+        port = next(r for r in caplog.records if "listening for metrics" in r.getMessage()).__dict__["address"]
+        for path in ("/healthz", "/readyz"):
+            answers.append(await asyncio.to_thread(get, f"http://{port}{path}"))
+        os.kill(os.getpid(), signal.SIGHUP)  # reloads: the same file, nothing changes
+        os.kill(os.getpid(), sig)
+        await asyncio.wait_for(serving, 10)
+
+    with caplog.at_level(logging.DEBUG, logger="ate_devplugin"):
+        asyncio.run(main())
+    # Alive, and ready: no device present, so nothing to wait for.
+    assert answers == [(200, "ok\n"), (200, "ok: 0 of 1 resources present and registered\n")]
+    messages = [r.getMessage() for r in caplog.records]
+    assert "stopping" in messages
+    assert "stopped" in messages
+    assert any(getattr(r, "why", None) == signal.Signals(sig).name for r in caplog.records)
+
+
+def test_device_plugin_mode_loads_no_kubernetes_client() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from ate_devplugin import cli, runtime\n"
+        "from ate_devplugin.observability.metrics import Metrics\n"
+        "from ate_devplugin.observability.tracing import setup_tracing\n"
+        "from ate_devplugin.settings import resolve\n"
+        "s, m, t = resolve({}, {}), Metrics(), setup_tracing({})\n"
+        "built = runtime.components(s, m, t, None, runtime.host_ports(s, m, t))\n"
+        "print([c.name for c in built])\n"
+        "print(sorted(n for n in sys.modules if n.startswith(('lightkube', 'httpx', 'ate_devplugin.dra'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.splitlines() == ["['device plugin', 'CDI specs']", "[]"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "built"),
+    [
+        ("device-plugin", ["device plugin", "CDI specs", "pod resources"]),
+        ("both", ["device plugin", "CDI specs", "DRA driver", "pod resources"]),
+        ("dra", ["CDI specs", "DRA driver", "pod resources"]),
+    ],
+)
+def test_each_mode_builds_its_components(tmp_path: Path, mode: str, built: list[str]) -> None:
+    flags = {"mode": mode, "pod_resources": "on", "plugin_dir": str(tmp_path / "plugins")}
+    settings = resolve(flags, {"NODE_NAME": "n"})
+    metrics, tracing = Metrics(CollectorRegistry()), Tracing(NoOpTracerProvider())
+    kube = FakeApi() if settings.dra else None
+    parts = runtime.components(settings, metrics, tracing, kube, runtime.host_ports(settings, metrics, tracing))
+    assert [c.name for c in parts] == built
+    (specs,) = [c for c in parts if isinstance(c, CdiSpecs)]
+    assert specs.every_resource is settings.dra  # a DRA driver answers with CDI names only

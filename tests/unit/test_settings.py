@@ -1,0 +1,83 @@
+"""Settings: flags over environment over defaults, each value checked, and each subsystem's part."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+import pytest
+
+from ate_devplugin.config import ConfigError, ResourceConfig
+from ate_devplugin.settings import Timing, resolve
+
+
+def test_flags_win_over_env() -> None:
+    settings = resolve(
+        {"device_root": "/host/dev"}, {"ATE_DEVPLUGIN_DEVICE_ROOT": "/x", "ATE_DEVPLUGIN_PLUGIN_DIR": "/p"}
+    )
+    assert (settings.device_root, settings.plugin_dir) == ("/host/dev", "/p")
+    assert settings.kubelet_socket == "/p/kubelet.sock"
+
+
+def test_pod_resources_settings() -> None:
+    default = resolve({}, {})
+    assert not default.pod_resources
+    assert default.pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert default.pod_resources_interval_s == 60
+    # The socket follows the kubelet's root unless given.
+    assert resolve({"plugin_dir": "/k/device-plugins"}, {}).pod_resources_socket == "/k/pod-resources/kubelet.sock"
+    given = resolve(
+        {"pod_resources_interval": "0"},
+        {"ATE_DEVPLUGIN_POD_RESOURCES": "ON", "ATE_DEVPLUGIN_POD_RESOURCES_SOCKET": "/run/pr.sock"},
+    )
+    assert (given.pod_resources, given.pod_resources_socket, given.pod_resources_interval_s) == (
+        True,
+        "/run/pr.sock",
+        0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "problem"),
+    [
+        ({"mode": "dra"}, {}, "node_name: is required in mode dra: set NODE_NAME (downward API) or --node-name"),
+        ({"mode": "kubelet"}, {}, "mode: must be one of device-plugin, dra, both (got 'kubelet')"),
+        ({"mode": "both", "dra_slots": "0"}, {"NODE_NAME": "n"}, "dra_slots: must be an integer from 1 to 1024"),
+        ({"registry_dir": "plugins_registry"}, {}, "registry_dir: must be an absolute path"),
+    ],
+)
+def test_dra_settings_are_checked(flags: dict[str, str], env: dict[str, str], problem: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        resolve(flags, env)
+    assert str(caught.value).startswith(problem)
+
+
+def test_dra_settings_default_to_the_kubelet_paths() -> None:
+    default = resolve({}, {"NODE_NAME": "n"})
+    assert (default.mode, default.device_plugin, default.dra) == ("device-plugin", True, False)
+    both = resolve({"mode": "BOTH"}, {"ATE_DEVPLUGIN_NODE_NAME": "m", "NODE_NAME": "n"})
+    assert (both.device_plugin, both.dra, both.node_name, both.dra_slots) == (True, True, "m", 32)
+    assert both.registration_socket == "/var/lib/kubelet/plugins_registry/ate.dev-reg.sock"
+    assert both.dra_socket == "/var/lib/kubelet/plugins/ate.dev/dra.sock"
+
+
+def test_each_subsystem_gets_its_own_part() -> None:
+    flags = {"plugin_dir": "/k/device-plugins", "mode": "both", "pod_resources": "on"}
+    settings = replace(resolve(flags, {"NODE_NAME": "n"}), timing=Timing(agent_stop_s=0.5, event_deadline_s=2.0))
+    plugin = settings.for_device_plugin()
+    assert (plugin.kubelet_socket, plugin.agent_stop_s) == ("/k/device-plugins/kubelet.sock", 0.5)
+    kvm = ResourceConfig(name="ate.dev/kvm", devices=("/dev/kvm",))
+    assert plugin.socket_path(kvm) == "/k/device-plugins/ate-ate-dev-kvm.sock"
+    pods = settings.for_pod_resources()
+    assert (pods.socket, pods.checkpoint) == (
+        "/k/pod-resources/kubelet.sock",
+        "/k/device-plugins/kubelet_internal_checkpoint",
+    )
+    dra = settings.for_dra()
+    assert (dra.node_name, dra.slots, dra.socket) == ("n", 32, "/var/lib/kubelet/plugins/ate.dev/dra.sock")
+    assert settings.for_daemon().event_deadline_s == 2.0
+    # No part carries another's knobs.
+    assert "event_deadline_s" not in {f.name for f in fields(plugin)}
+    assert "agent_stop_s" not in {f.name for f in fields(settings.for_daemon())}
+    # Without the device plugin nobody watches its directory: no checkpoint to follow.
+    dra_only = resolve({"mode": "dra", "pod_resources": "on"}, {"NODE_NAME": "n"})
+    assert dra_only.for_pod_resources().checkpoint is None
