@@ -106,11 +106,20 @@ def test_register_refused_backs_off_then_recovers(
         begin = time.monotonic()
         wait_until(lambda: registrations(d, "unavailable") >= 2, 10, "two refused registrations")
         holds_for(lambda: not d.ready(), refuse_for - (time.monotonic() - begin), "unready while Register is refused")
-        failed = sum(registrations(d, r) for r in RESULTS if r != "success")
+
+        def counted_and_logged() -> tuple[float, list[dict[str, object]]] | None:
+            """The failures counted and their log lines, read between two attempts (the
+            counter goes up just before the line is written, so one read can fall between)."""
+            before = sum(registrations(d, r) for r in RESULTS if r != "success")
+            lines = log_matches(d.log_lines(), "registration failed, retrying in")
+            after = sum(registrations(d, r) for r in RESULTS if r != "success")
+            return (after, lines) if before == after == len(lines) else None
+
+        found = wait_until(counted_and_logged, 10, "as many log lines as failures counted")
+        assert found is not None  # wait_until returns a true value
+        failed, lines = found
         elapsed = time.monotonic() - begin
         assert 2 <= failed <= min_backoff_attempts(elapsed) + 1, (failed, elapsed)
-        lines = log_matches(d.log_lines(), "registration failed, retrying in")
-        assert len(lines) == failed
         # The announced delays grow, and stay under the 30 s cap.
         delays = [float(str(line["msg"]).split("retrying in ")[1].split("s:")[0]) for line in lines]
         assert delays[-1] > delays[0]
