@@ -76,7 +76,7 @@ class Helm:
             args += ["--values", str(v)]
         for s in sets:
             args += ["--set", s]
-        for a in api_versions:
+        for a in [*api_versions, *(a for v in values for a in declared_api_versions(v))]:
             args += ["--api-versions", a]
         key = tuple(args)
         if key not in self._cache:
@@ -89,6 +89,27 @@ class Helm:
     def template(self, *args: Any, **kwargs: Any) -> list[Manifest]:
         docs = yaml.safe_load_all(self.template_text(*args, **kwargs))
         return [d for d in docs if d]
+
+
+def declared_api_versions(values: Path) -> list[str]:
+    """The APIs a values file says its render assumes, on a ``# helm-api-versions: A, B``
+    line: what a cluster would serve (a ci/ file that renders the ValidatingAdmissionPolicy)."""
+    found = re.search(r"^# helm-api-versions: (.+)$", Path(values).read_text(), flags=re.MULTILINE)
+    return [a.strip() for a in found[1].split(",")] if found else []
+
+
+def daemonsets(docs: list[Manifest]) -> list[Manifest]:
+    """The DaemonSets of a render: one, or one per pool."""
+    found = by_kind(docs, "DaemonSet")
+    assert found, "no DaemonSet"
+    return found
+
+
+def pool_values(values: dict[str, Any], ds: Manifest) -> dict[str, Any]:
+    """The values a DaemonSet was rendered from: those of the file, with each key its
+    pool (label ate.dev/pool) sets replaced as the chart replaces it."""
+    pool = ds["metadata"]["labels"].get("ate.dev/pool")
+    return {**values, **values["pools"][pool]} if pool else values
 
 
 def by_kind(docs: list[Manifest], kind: str) -> list[Manifest]:
