@@ -184,11 +184,16 @@ Image tag: the value, or the chart's appVersion.
 {{- end -}}
 
 {{/*
-Full image reference: [registry/]repository[:tag][@digest].
+Full image reference: [registry/]repository[:tag][@digest]. A repository that names its
+own registry (its first component holds a "." or ":" or is localhost, as image references
+are read) is used as it is: image.repository=registry.example.com/ate-devplugin keeps
+meaning that image although image.registry defaults to the published one's.
 */}}
 {{- define "ate-devplugin.image" -}}
 {{- $repo := .Values.image.repository -}}
-{{- if .Values.image.registry -}}
+{{- $first := splitList "/" $repo | first -}}
+{{- $ownRegistry := and (contains "/" $repo) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- if and .Values.image.registry (not $ownRegistry) -}}
 {{- $repo = printf "%s/%s" .Values.image.registry $repo -}}
 {{- end -}}
 {{- if .Values.image.digest -}}

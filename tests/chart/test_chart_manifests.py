@@ -205,6 +205,26 @@ def test_daemonset_defaults(any_helm: Helm) -> None:
     assert c["image"] == f"ghcr.io/ate-dev/ate-devplugin:{chart['appVersion']}"
 
 
+@pytest.mark.parametrize(
+    ("sets", "image"),
+    [
+        ([], "ghcr.io/ate-dev/ate-devplugin:{v}"),
+        (["image.registry=registry.example.com:5000", "image.repository=platform/ate-devplugin"],
+         "registry.example.com:5000/platform/ate-devplugin:{v}"),
+        # A repository naming its own registry, as before image.registry had a default.
+        (["image.repository=registry.example.com/ate-devplugin", "image.tag=1.2.3"],
+         "registry.example.com/ate-devplugin:1.2.3"),
+        (["image.repository=localhost/ate-devplugin", "image.tag=e2e"], "localhost/ate-devplugin:e2e"),
+        (["image.registry=", "image.repository=ate-devplugin"], "ate-devplugin:{v}"),
+        (["image.repository=team/ate-devplugin"], "ghcr.io/team/ate-devplugin:{v}"),
+    ],
+)  # fmt: skip
+def test_image_reference(any_helm: Helm, sets: list[str], image: str) -> None:
+    version = yaml.safe_load((REPO / "chart" / "Chart.yaml").read_text())["appVersion"]
+    (ds,) = daemonsets(any_helm.template(sets=sets))
+    assert _container(ds)["image"] == image.format(v=version)
+
+
 def test_the_cdi_directory_is_mounted_only_when_cdi_is_used(
     any_helm: Helm, write_values: Callable[[str], Path]
 ) -> None:

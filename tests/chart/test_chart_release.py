@@ -11,20 +11,10 @@ from pathlib import Path
 
 import yaml
 
-from tests.harness.chart import CHART, REPO, Helm, daemonsets
+from tests.harness.chart import CHART, REPO, Helm, daemonsets, doc_block
 
 CHART_YAML = yaml.safe_load((CHART / "Chart.yaml").read_text())
-README = CHART / "README.md"
 OCI_CHART = "oci://ghcr.io/ate-dev/charts/ate-devplugin"
-
-
-def doc_block(name: str, text: str | None = None) -> str:
-    """The shell block after `<!-- tested: NAME -->` in chart/README.md, as a shell reads it."""
-    text = README.read_text() if text is None else text
-    found = re.search(rf"<!-- tested: {re.escape(name)} -->\n( *)```sh\n(.*?)\n *```", text, flags=re.DOTALL)
-    assert found, f"chart/README.md has no tested block {name!r}"
-    indent = len(found[1])
-    return "\n".join(line[indent:] for line in found[2].splitlines()) + "\n"
 
 
 def changelog_entries(version: str) -> list[dict[str, str]]:
