@@ -8,7 +8,7 @@ UNIT_COVERAGE_FLOOR ?= 85
 # perhaps this checkout: it gets a venv of Debian's python3 and a copy of the sources in /tmp.
 NONROOT_VENV ?= /tmp/ate-devplugin-nonroot-venv
 
-.PHONY: demo test e2e lint unit unit-nonroot setup-demo setup-test proto bench
+.PHONY: demo test e2e lint unit unit-nonroot setup-demo setup-test proto bench bench-docs
 
 demo: setup-demo
 	$(PYTHON) -m tools.demo
@@ -65,3 +65,8 @@ proto:
 
 bench: setup-demo
 	$(PYTHON) -m bench run
+
+# The benchmark figures README.md, docs/ and bench/findings.md quote, and docs/benchmarks.md,
+# rewritten from bench/results (tests/docs fails when they differ).
+bench-docs:
+	$(PYTHON) -m bench.quotes

@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import machine, report
+from bench import machine, quotes, report
 from bench.peers import GDP_ENV, gdp_binary
 from bench.suite import FULL, QUICK, run_suite
 from tests.harness.kubelet import bench_binary, built_versions, missing_prerequisites
@@ -121,6 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     report.write(data, markdown, result_path=result_path)
     print(result_path)
     print(markdown)
+    if mode == "full" and args.results_dir == quotes.RESULTS and args.markdown is None:
+        # The figures the docs quote follow the new run (and docs/benchmarks.md its findings).
+        try:
+            for path in quotes.write_all(quotes.Runs.load()):
+                print(path)
+        except quotes.QuoteError as exc:
+            print(f"bench: quoted figures not rewritten: {exc}", file=sys.stderr)
     if data.get("error"):
         print(f"bench: the run ended early: {data['error']}", file=sys.stderr)
         return 1

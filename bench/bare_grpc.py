@@ -12,7 +12,7 @@
                                               the same on gRPC's synchronous server with
                                               a pool of THREADS threads
 
-``serve`` alone is the bare server of issue 5; ``serve`` with a ``hold`` client is the
+``serve`` alone is the bare server of the idle targets; ``serve`` with a ``hold`` client is the
 same server while a peer holds a stream open, as the kubelet holds ListAndWatch.
 ``plugin`` is the Python floor of every figure next to squat/generic-device-plugin;
 ``plugin-sync`` tells what another gRPC server would change for Allocate throughput.

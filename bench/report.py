@@ -196,7 +196,7 @@ def _get(data: dict[str, Any], figure: str, peer: str, *keys: str) -> float | No
 
 
 def targets(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each target of issue 5 with what was measured and whether it holds."""
+    """Each target of the suite with what was measured and whether it holds."""
     out: list[dict[str, Any]] = []
 
     def add(name: str, measured: str, met: bool | None) -> None:
@@ -289,7 +289,7 @@ def targets(data: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def peer_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 11's rows: ours next to squat/generic-device-plugin, each ratio against its target."""
+    """Ours next to squat/generic-device-plugin, each ratio against its target."""
     out: list[dict[str, Any]] = []
     pods = data.get("sizes", {}).get("window", 100)
     nproc = int(data.get("machine", {}).get("nproc") or 1)
@@ -607,11 +607,13 @@ CHART_NAMES = {
 FINDINGS = Path(__file__).with_name("findings.md")
 
 
-def _findings() -> str:
-    """The hand-written analysis (bench/findings.md), if any, shown under the numbers."""
-    if not FINDINGS.exists():
+def _findings(text: str | None = None) -> str:
+    """The hand-written analysis (bench/findings.md, or ``text``), if any, shown under the numbers."""
+    if text is None:
+        text = FINDINGS.read_text() if FINDINGS.exists() else ""
+    if not text:
         return ""
-    return "\n## Findings (hand-written, from profiling; not regenerated)\n\n" + FINDINGS.read_text().strip() + "\n"
+    return "\n## Findings (hand-written, from profiling; not regenerated)\n\n" + text.strip() + "\n"
 
 
 def _ended_early(data: dict[str, Any]) -> str:
@@ -619,7 +621,7 @@ def _ended_early(data: dict[str, Any]) -> str:
     return f"**The run ended early** ({error}): figures of later phases are missing." if error else ""
 
 
-def markdown(data: dict[str, Any], chart_name: str, result_rel: str) -> str:
+def markdown(data: dict[str, Any], chart_name: str, result_rel: str, findings: str | None = None) -> str:
     tbl, notes = table(data)
     tg = targets(data)
     met = {True: "met", False: "**missed**", None: "n/a"}
@@ -674,7 +676,7 @@ per resource for every peer.
   advertise GetPreferredAllocation. `-restarted` columns: the same processes after the
   kubelet restarts of `restarts_then_changes`.
 
-## Next to squat/generic-device-plugin (issue 11)
+## Next to squat/generic-device-plugin
 
 Same run, same job, each through its own instance of the kubelet's device manager.
 Ratios are ours divided by the peer's; "why missed" says whether the Python floor (the
@@ -693,7 +695,7 @@ for throughput, higher is better). "-": not measured for that peer; N/A: the pee
 
 ![Latency distributions]({chart_name})
 
-## Targets (issue 5)
+## Targets
 
 {chr(10).join(target_lines)}
 
@@ -716,7 +718,7 @@ for throughput, higher is better). "-": not measured for that peer; N/A: the pee
 - **device change**: a `wait` is sent to the bench first (it polls GetCapacity every 1 ms),
   then the node is unlinked (or made again with mknod) under the daemon's device root;
   the figure ends when GetCapacity shows it.
-{_findings()}"""
+{_findings(findings)}"""
 
 
 def write(data: dict[str, Any], markdown_path: Path, result_path: Path | None = None) -> None:

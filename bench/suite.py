@@ -1,4 +1,4 @@
-"""The benchmark suite: every figure of issue 5, for every peer that can do it.
+"""The benchmark suite: every figure, for every peer that can do it.
 
 Figures (keys of ``results["figures"]``), each ``{peer: {...}}``; a peer that cannot
 produce a figure has ``{"na": "why"}`` instead of numbers:
@@ -19,7 +19,7 @@ produce a figure has ``{"na": "why"}`` instead of numbers:
    most a config may list).
 6. ``idle``: CPU seconds and context switches per minute while nothing happens.
 7. ``metrics_scrape``: /metrics with the largest resource count of ``memory_growth``.
-8. Next to squat/generic-device-plugin (issue 11): ``admission_cpu`` (CPU seconds of the
+8. Next to squat/generic-device-plugin: ``admission_cpu`` (CPU seconds of the
    plugin per admission through the kubelet), ``allocate_rpc_scaling`` (throughput at the
    socket with 1..16 callers), ``restarts_then_changes`` (device changes the kubelet
    still sees after 12 kubelet restarts), ``idle`` of each peer fresh and after those

@@ -1,0 +1,77 @@
+"""The reference pages agree with the daemon: every flag of ``ate-devplugin run`` in
+docs/configuration.md with its environment variable and default, every field of the
+config file in its example, every metric in docs/observability.md or docs/dra.md with
+its labels."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from tests.docs.daemon_facts import DEFAULTS, ENV_PREFIX, metric_labels, run_flags
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGURATION = REPO / "docs" / "configuration.md"
+METRIC_PAGES = (REPO / "docs" / "observability.md", REPO / "docs" / "dra.md")
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(heading + "\n")
+    end = text.find("\n## ", start + len(heading))
+    return text[start : end if end >= 0 else None]
+
+
+def _table_rows(text: str) -> list[list[str]]:
+    rows = [line.strip().strip("|").split(" | ") for line in text.splitlines() if line.startswith("| ")]
+    return [[cell.strip() for cell in row] for row in rows if not set(row[0]) <= {"-", " "}]
+
+
+def _flag_rows() -> dict[str, list[str]]:
+    rows = _table_rows(_section(CONFIGURATION.read_text(), "## Flags and environment"))
+    return {m.group(1): row for row in rows[1:] if (m := re.match(r"`(--[a-z-]+)", row[0]))}
+
+
+def test_every_flag_is_documented_with_its_environment_variable_and_default() -> None:
+    rows = _flag_rows()
+    flags = run_flags()
+    assert sorted(rows) == sorted(flags), "docs/configuration.md's flag table and `ate-devplugin run` differ"
+    for flag in flags:
+        key = flag[2:].replace("-", "_")
+        _, env, default = rows[flag]
+        assert f"`{ENV_PREFIX}{key.upper()}`" in env, f"{flag}: its variable is {ENV_PREFIX}{key.upper()}"
+        if DEFAULTS[key]:
+            assert f"`{DEFAULTS[key]}`" in default, f"{flag}: its default is {DEFAULTS[key]!r}"
+        else:
+            assert default, f"{flag}: say what happens when it is not given"
+
+
+def test_the_config_example_shows_every_field() -> None:
+    schema = json.loads((REPO / "chart" / "values.schema.json").read_text())
+    resource = schema["properties"]["deviceConfig"]["properties"]["resources"]["items"]["properties"]
+    fields = set(resource)
+    fields |= set(resource["cdi"]["properties"]) | set(resource["mounts"]["items"]["properties"])
+    example = _section(CONFIGURATION.read_text(), "## The config file").split("```yaml\n", 1)[1].split("```", 1)[0]
+    missing = sorted(f for f in fields if not re.search(rf"\b{f}:", example))
+    assert not missing, f"docs/configuration.md's example leaves out {missing}"
+
+
+def _documented_metrics() -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for page in METRIC_PAGES:
+        for row in _table_rows(page.read_text()):
+            if m := re.match(r"`(ate_devplugin_[a-z_]+)(?:\{([^}]*)\})?`", row[0]):
+                out[m.group(1)] = {label.strip() for label in (m.group(2) or "").split(",") if label.strip()}
+    return out
+
+
+def test_every_metric_is_documented_with_its_labels() -> None:
+    documented = _documented_metrics()
+    exported = metric_labels()
+    assert sorted(documented) == sorted(exported), (
+        f"not documented: {sorted(set(exported) - set(documented))}; "
+        f"documented but not exported: {sorted(set(documented) - set(exported))}"
+    )
+    for name, labels in exported.items():
+        # resource_name is on every series unless a row says otherwise; a row may name it.
+        assert documented[name] - {"resource_name"} == labels - {"resource_name"}, f"{name}: labels {sorted(labels)}"
