@@ -18,6 +18,8 @@ if [ "$what" = test ]; then
   # The one-node cluster of tests/e2e: container runtime, etcd, pod network, curl and
   # ip inside its namespaces; gcc and libc6-dev for the statically linked pause image.
   apt_packages+=(containerd runc etcd-server containernetworking-plugins curl iproute2 gcc libc6-dev)
+  # The OCI registry the e2e user path installs the published chart and image from.
+  apt_packages+=(docker-registry)
 fi
 missing=()
 for p in "${apt_packages[@]}"; do
