@@ -71,6 +71,7 @@ generate: proto
 	$(PYTHON) tools/gen-config-schema.py
 	$(PYTHON) dashboards/generate.py
 	$(PYTHON) tools/sync-chart-files.py
+	$(PYTHON) tools/gen-chart-args.py
 	$(PYTHON) tools/import-graph.py --doc docs/architecture.md
 	$(PYTHON) -m bench.quotes
 
