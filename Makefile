@@ -8,7 +8,7 @@ UNIT_COVERAGE_FLOOR ?= 85
 # perhaps this checkout: it gets a venv of Debian's python3 and a copy of the sources in /tmp.
 NONROOT_VENV ?= /tmp/ate-devplugin-nonroot-venv
 
-.PHONY: demo test e2e lint unit unit-nonroot setup-demo setup-test proto bench
+.PHONY: demo test e2e lint unit unit-nonroot setup-demo setup-test proto bench dashboards-png
 
 demo: setup-demo
 	$(PYTHON) -m tools.demo
@@ -65,3 +65,8 @@ proto:
 
 bench: setup-demo
 	$(PYTHON) -m bench run
+
+# The dashboards' pictures in docs/ (docs/dashboards.md): as root, two daemons under the kubelet
+# bench through a healthy spell and a lost device, drawn by the Perses panels in Chromium.
+dashboards-png: setup-test
+	$(PYTHON) -m tools.render_dashboards

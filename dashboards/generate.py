@@ -204,12 +204,13 @@ def timeseries(
     unit: str,
     *,
     width: int = 12,
+    height: int = 8,
     bars: bool = False,
     stack: bool = False,
 ) -> TimeSeries:
     # Bars count events, the names say enough, unless there is one per node (a fleet: a table scrolls).
     list_legend = bars and not any("{{node}}" in t.legend for t in targets)
-    return TimeSeries(title, description, targets, unit, width, 8, bars, stack, list_legend)
+    return TimeSeries(title, description, targets, unit, width, height, bars, stack, list_legend)
 
 
 def state_timeline(
@@ -565,7 +566,7 @@ UNITS: dict[str, dict[str, object]] = {
     "bytes": {"unit": "bytes"},
     "percentunit": {"unit": "percent-decimal"},
 }
-PER_SECOND = {"reqps": "calls per second", "ops": "per second"}
+PER_SECOND = {"reqps": "per second", "ops": "per second"}
 
 Json = dict[str, Any]
 
@@ -888,9 +889,10 @@ def fleet() -> Board:
             "Advertised units, by health",
             "Units advertised to the kubelets, by health, summed over the selected nodes. Unhealthy units mean "
             "a device disappeared from a node after it was present.",
+            # Unhealthy at the bottom of the stack: healthy (green) is the top line while all is well.
             [
-                target(f'sum(ate_devplugin_devices{{{RES}, health="healthy"}})', "healthy", color=GREEN),
                 target(f'sum(ate_devplugin_devices{{{RES}, health="unhealthy"}})', "unhealthy", color=RED),
+                target(f'sum(ate_devplugin_devices{{{RES}, health="healthy"}})', "healthy", color=GREEN),
             ],
             "short",
             stack=True,
@@ -902,6 +904,7 @@ def fleet() -> Board:
                 target(
                     f'sum by (node, resource_name) (ate_devplugin_devices{{{RES}, health="unhealthy"}})',
                     "{{node}} {{resource_name}}",
+                    color=RED,
                 )
             ],
             "short",
@@ -924,6 +927,7 @@ def fleet() -> Board:
                     f"sum by (node, resource_name, code) "
                     f'(rate(ate_devplugin_allocate_requests_total{{{RES}, code!="OK"}}[$__rate_interval]))',
                     "{{node}} {{resource_name}} {{code}}",
+                    color=RED,
                 )
             ],
             "reqps",
@@ -955,6 +959,7 @@ def fleet() -> Board:
             ],
             "short",
             width=8,
+            height=10,  # room for a legend of every node and reason
             bars=True,
         ),
         timeseries(
@@ -964,6 +969,7 @@ def fleet() -> Board:
             good_and_bad("ate_devplugin_registrations_total", RES, "result", "success"),
             "short",
             width=8,
+            height=10,  # room for a legend of every node and reason
             bars=True,
             stack=True,
         ),
@@ -976,10 +982,12 @@ def fleet() -> Board:
                     f"sum by (node, resource_name, result) "
                     f'(increase(ate_devplugin_registrations_total{{{RES}, result!="success"}}[$__rate_interval]))',
                     "{{node}} {{resource_name}} {{result}}",
+                    color=RED,
                 )
             ],
             "short",
             width=8,
+            height=10,  # room for a legend of every node and reason
             bars=True,
         ),
         timeseries(
@@ -1095,6 +1103,7 @@ def node() -> Board:
             good_and_bad("ate_devplugin_registrations_total", RES, "result", "success", by="resource_name"),
             "short",
             width=8,
+            height=10,  # room for the legend of every resource and reason
             bars=True,
         ),
         timeseries(
@@ -1108,6 +1117,7 @@ def node() -> Board:
             ],
             "short",
             width=8,
+            height=10,  # room for the legend of every resource and reason
             bars=True,
         ),
         timeseries(
@@ -1116,6 +1126,7 @@ def node() -> Board:
             [target(f"sum by (resource_name) (ate_devplugin_list_and_watch_streams{{{RES}}})", "{{resource_name}}")],
             "short",
             width=8,
+            height=10,  # room for the legend of every resource and reason
         ),
     ]
     devices = [

@@ -5,7 +5,8 @@ kubelet: the kubelet's real device manager (the Go bench) in a private mount nam
 One real Prometheus scrapes both every second, with the chart's ServiceMonitor labels.
 The history, at ``pace`` seconds a step:
 
-1. both nodes register; containers are admitted on both (Allocate, GetPreferredAllocation);
+1. both daemons start on running kubelets and register; containers are admitted on both
+   (Allocate, GetPreferredAllocation);
 2. the kubelet on node-a restarts; the daemon registers again; more containers;
    end of the ``healthy`` window;
 3. node-a's /dev/kvm disappears: its units turn unhealthy; end of the ``device-lost`` window;
@@ -71,8 +72,10 @@ def incident_scenario(workdir: Path, pace: float = 3.0) -> Iterator[IncidentScen
         drivers: dict[str, BenchDriver] = {}
         nodes: dict[str, NodeDaemon] = {}
         for name in NODES:
+            # The kubelet first: the daemon registers as it starts, as on a running node.
             driver = drivers[name] = kubelet_driver(workdir / name / "kubelet")
             stack.callback(driver.close)
+            driver.start()
             nodes[name] = node_daemon(
                 workdir, name, ns=driver.ns, plugin_dir=driver.plugin_dir, config=PREFERRED_CONFIG
             )
@@ -90,9 +93,8 @@ def incident_scenario(workdir: Path, pace: float = 3.0) -> Iterator[IncidentScen
 
         try:
             prom.wait_for_targets_up()
-            for name, driver in drivers.items():
-                driver.start()
-                nodes[name].wait_ready()
+            for n in nodes.values():
+                n.wait_ready()
             time.sleep(pace)
             for _ in range(3):
                 admit_everywhere()
