@@ -18,11 +18,13 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import fcntl
 import functools
 import http.server
 import json
 import math
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -145,7 +147,8 @@ class _Cdp:
 
     def _receive(self, deadline: float, method: str) -> dict[str, Any]:
         while b"\0" not in self._buffer:
-            if time.monotonic() > deadline:
+            ready, _, _ = select.select([self._in], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
                 raise RenderError(f"{method}: no answer from chromium")
             chunk = self._in.read(1 << 16)
             if not chunk:
@@ -190,10 +193,17 @@ class Renderer:
         self._base = f"http://127.0.0.1:{server.server_address[1]}"
         profile = Path(tempfile.mkdtemp(prefix="ate-chromium-"))
         self._stack.callback(shutil.rmtree, profile, ignore_errors=True)
-        # fds 3 and 4 of the child: what it reads commands from and writes answers to.
+        # Chromium reads commands from its fd 3 and writes answers to its fd 4; bash moves
+        # the pipes there (preexec_fn is not safe in a process with threads), from fds of 10
+        # and up so that the moves cannot overwrite each other.
         cmd_read, cmd_write = os.pipe()
         ans_read, ans_write = os.pipe()
+        child_in, child_out = (fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (cmd_read, ans_write))
+        os.close(cmd_read)
+        os.close(ans_write)
+        redirect = f'exec "$0" "$@" 3<&{child_in} 4>&{child_out} {child_in}<&- {child_out}>&-'
         argv = [
+            "/bin/bash", "-c", redirect,
             CHROMIUM, "--headless=new", "--remote-debugging-pipe", "--no-sandbox", "--disable-gpu",
             "--no-first-run", "--no-default-browser-check", "--hide-scrollbars", "--mute-audio",
             "--disable-background-networking", "--disable-extensions", "--disable-dev-shm-usage",
@@ -202,10 +212,10 @@ class Renderer:
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=(profile / "stderr").open("wb"),
-            pass_fds=(3, 4), preexec_fn=functools.partial(_dup_pipes, cmd_read, ans_write),
+            pass_fds=(child_in, child_out),
         )  # fmt: skip
-        os.close(cmd_read)
-        os.close(ans_write)
+        os.close(child_in)
+        os.close(child_out)
         self._stack.callback(_stop, proc)
         self._cdp = _Cdp(cmd_write, ans_read)
         self._stack.callback(self._cdp.close)
@@ -283,11 +293,6 @@ _CONTENT_HEIGHT = """
 Math.ceil(Math.max(0, ...Array.from(document.querySelectorAll(
   '[data-testid="panel"], .react-grid-layout, header, h2, h3')).map(e => e.getBoundingClientRect().bottom)) + 16)
 """
-
-
-def _dup_pipes(read_fd: int, write_fd: int) -> None:
-    os.dup2(read_fd, 3)
-    os.dup2(write_fd, 4)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
