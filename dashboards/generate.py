@@ -740,8 +740,8 @@ def perses_dashboard_object(board: Board) -> Json:
 def fleet() -> Board:
     node_link = {
         "title": "Open the node drill-down",
-        "url": f"/d/{NODE_UID}/ate-devplugin-node?${{datasource:queryparam}}&${{job:queryparam}}"
-        "&var-node=${__value.raw}&${__url_time_range}",
+        "url": f"/d/{NODE_UID}/ate-devplugin-node?${{datasource:queryparam}}&${{cluster:queryparam}}"
+        "&${job:queryparam}&var-node=${__value.raw}&${__url_time_range}",
     }
     status = [
         stat(
