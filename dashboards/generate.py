@@ -74,7 +74,7 @@ HEX = {GREEN: "#73BF69", RED: "#F2495C", "orange": "#FF9830"}
 # --- the project's panel model ----------------------------------------------------------
 
 Step = tuple[float | None, str]  # from this value up (None: from the lowest), this colour
-Mapping = tuple[int, str, str]  # value, text shown, colour
+ValueText = tuple[int, str, str]  # a value, the text shown for it, its colour
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class Panel:
 @dataclass(frozen=True)
 class Stat(Panel):
     steps: Sequence[Step]
-    mappings: Sequence[Mapping]
+    mappings: Sequence[ValueText]
     label_as_value: str = ""  # show this label's value instead of the number (e.g. version)
 
 
@@ -112,14 +112,14 @@ class TimeSeries(Panel):
 
 @dataclass(frozen=True)
 class StateTimeline(Panel):
-    mappings: Sequence[Mapping] = ()
+    mappings: Sequence[ValueText] = ()
 
 
 @dataclass(frozen=True)
 class ColumnStyle:
     """How one table column is shown: its value mapping, threshold colours, a link."""
 
-    mappings: Sequence[Mapping] = ()
+    mappings: Sequence[ValueText] = ()
     steps: Sequence[Step] = ()
     link: dict[str, str] | None = None
 
@@ -170,14 +170,10 @@ def good_and_bad(
     ]
 
 
-def value_map(*entries: Mapping) -> list[Mapping]:
-    return list(entries)
-
-
-REGISTERED = value_map((0, "not registered", RED), (1, "registered", GREEN))
-UP = value_map((0, "down", RED), (1, "up", GREEN))
-PRESENT = value_map((0, "absent", RED), (1, "present", GREEN))
-YES_IS_BAD = value_map((0, "no", GREEN), (1, "yes", RED))
+REGISTERED = [(0, "not registered", RED), (1, "registered", GREEN)]
+UP = [(0, "down", RED), (1, "up", GREEN)]
+PRESENT = [(0, "absent", RED), (1, "present", GREEN)]
+YES_IS_BAD = [(0, "no", GREEN), (1, "yes", RED)]
 OK_IF_ZERO: list[Step] = [(None, GREEN), (1, RED)]
 OK_IF_POSITIVE: list[Step] = [(None, RED), (1, GREEN)]
 NEUTRAL: list[Step] = [(None, GREEN)]
@@ -190,7 +186,7 @@ def stat(
     unit: str = "none",
     *,
     steps: Sequence[Step] = NEUTRAL,
-    mappings: Sequence[Mapping] = (),
+    mappings: Sequence[ValueText] = (),
     width: int = 3,
     label_as_value: str = "",
 ) -> Stat:
@@ -214,7 +210,7 @@ def timeseries(
 
 
 def state_timeline(
-    title: str, description: str, targets: Sequence[Query], mappings: Sequence[Mapping], *, width: int = 12
+    title: str, description: str, targets: Sequence[Query], mappings: Sequence[ValueText], *, width: int = 12
 ) -> StateTimeline:
     return StateTimeline(title, description, targets, "none", width, 8, mappings)
 
@@ -312,7 +308,7 @@ def grafana_thresholds(steps: Sequence[Step]) -> db.ThresholdsConfig:
     return db.ThresholdsConfig().mode(m.ThresholdsMode.ABSOLUTE).steps([m.Threshold(v, color) for v, color in steps])
 
 
-def grafana_mappings(entries: Sequence[Mapping]) -> list[m.ValueMapping]:
+def grafana_mappings(entries: Sequence[ValueText]) -> list[m.ValueMapping]:
     if not entries:
         return []
     results = {
@@ -581,7 +577,7 @@ def perses_thresholds(steps: Sequence[Step]) -> Json:
     return {"defaultColor": perses_color(base), "steps": [{"value": v, "color": perses_color(c)} for v, c in rest]}
 
 
-def perses_mappings(entries: Sequence[Mapping]) -> list[Json]:
+def perses_mappings(entries: Sequence[ValueText]) -> list[Json]:
     return [
         {"kind": "Value", "spec": {"value": str(v), "result": {"value": text, "color": perses_color(color)}}}
         for v, text, color in entries
@@ -1364,7 +1360,7 @@ def node_pods() -> list[Panel]:
 
 # --- the DRA driver (dra.mode dra or both) ---------------------------------------------
 
-IN_SYNC = value_map((0, "out of sync", RED), (1, "in sync", GREEN))
+IN_SYNC = [(0, "out of sync", RED), (1, "in sync", GREEN)]
 
 
 def fleet_dra() -> list[Panel]:
