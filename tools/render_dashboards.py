@@ -231,6 +231,9 @@ class Renderer:
             "prometheus": self.prometheus_url,
             "start": str(int(start * 1000)),
             "end": str(int(end * 1000)),
+            # A fixed window: no auto-refresh (each would start every query again, and on a
+            # loaded machine the page might never settle).
+            "refresh": "0s",
             **{f"var-{k}": v for k, v in variables.items()},
         }
         target = cdp.call("Target.createTarget", url="about:blank")["targetId"]
@@ -274,7 +277,7 @@ class Renderer:
         answer = cdp.call("Runtime.evaluate", session, expression=expression, returnByValue=True)
         return answer["result"].get("value")
 
-    def _wait_ready(self, cdp: _Cdp, session: str, dashboard: str, timeout: float = 120) -> dict[str, Any]:
+    def _wait_ready(self, cdp: _Cdp, session: str, dashboard: str, timeout: float = 300) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             state = self._evaluate(cdp, session, "window.renderState")
