@@ -150,7 +150,7 @@ def test_dashboard_options(any_helm: Helm) -> None:
     for cm in maps:
         assert cm["metadata"]["namespace"] == "grafana"
         assert cm["metadata"]["labels"]["grafana_dashboard"] == "ate"
-        assert cm["metadata"]["annotations"] == {"grafana_folder": "Node devices"}
+        assert cm["metadata"]["annotations"] == {"k8s-sidecar-target-directory": "Node devices"}
 
 
 def test_install_notes(helm_v4: Helm) -> None:

@@ -126,7 +126,8 @@ def selector(holder: dict[str, str]) -> str:
 
 def panel_results(prometheus: SandboxPrometheus) -> dict[str, list[Any]]:
     """Each dashboard query that reads the pod series, run now: {where: samples}."""
-    values = {"$__rate_interval": "1m", "$__range": "1h", "$job": "ate-devplugin", "$node": NODE,
+    values = {"$__rate_interval": "1m", "$__range": "1h", "$cluster": "", "$job": "ate-devplugin", "$node": NODE,
+              "$instance": ".+",
               "$resource": RESOURCE.replace(".", "\\\\.")}  # fmt: skip
     found = {}
     for path in sorted((REPO / "dashboards").glob("*.json")):

@@ -517,7 +517,8 @@ def test_device_gone_and_back_is_seen_by_the_node(
 
 
 def test_every_dashboard_query_returns_data_from_the_cluster(cluster: Cluster, prometheus: SandboxPrometheus) -> None:
-    values = {"$__rate_interval": "1m", "$__range": "1h", "$job": "ate-devplugin", "$node": NODE,
+    values = {"$__rate_interval": "1m", "$__range": "1h", "$cluster": "", "$job": "ate-devplugin", "$node": NODE,
+              "$instance": ".+",
               "$resource": RESOURCE.replace(".", "\\\\.")}  # fmt: skip
     # The plugin pod was just replaced (previous test): wait until its own series are in.
     (pod,) = plugin_pods(cluster)
