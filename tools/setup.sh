@@ -20,7 +20,7 @@ if [ "$what" = test ]; then
   apt_packages+=(containerd runc etcd-server containernetworking-plugins curl iproute2 gcc libc6-dev)
   # The OCI registry the e2e user path installs the published chart and image from.
   apt_packages+=(docker-registry)
-  # The rendered dashboards (tests/dashboards/test_rendered.py): headless Chromium and fonts.
+  # The rendered dashboards (tests/dashboards/test_dashboards_rendered.py): headless Chromium and fonts.
   apt_packages+=(chromium fonts-dejavu-core)
   # npm for the Perses page; machines that bring their own Node.js keep it.
   command -v npm >/dev/null || apt_packages+=(nodejs npm)

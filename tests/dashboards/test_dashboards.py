@@ -1,7 +1,7 @@
 """The Grafana dashboards: generated from one source (with their Perses twins), built to
 conventions, and every query answered with data by a real Prometheus that scraped the daemon.
 grafana/dashboard-linter's rules are in test_lint_rules.py, the rendered Perses dashboards
-in test_rendered.py."""
+in test_dashboards_rendered.py."""
 
 from __future__ import annotations
 

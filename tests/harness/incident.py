@@ -14,7 +14,7 @@ The history, at ``pace`` seconds a step:
 
 Prometheus keeps the whole history, so each picture is drawn afterwards for its window
 (from the start to the window's end): what an on-call engineer would have seen then.
-tools/render_dashboards.py draws docs/ from it, tests/dashboards/test_rendered.py checks
+tools/render_dashboards.py draws docs/ from it, tests/dashboards/test_dashboards_rendered.py checks
 the same pictures.
 """
 
