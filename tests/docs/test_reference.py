@@ -1,12 +1,15 @@
 """The reference pages agree with the daemon: every flag of ``ate-devplugin run`` in
 docs/configuration.md with its environment variable and default, every field of the
-config file in its example, every metric in docs/observability.md or docs/dra.md with
-its labels."""
+config file in its example, the check-config examples as the command prints them, every
+metric in docs/observability.md or docs/dra.md with its labels."""
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 from tests.docs.daemon_facts import DEFAULTS, ENV_PREFIX, metric_labels, run_flags
@@ -44,6 +47,24 @@ def test_every_flag_is_documented_with_its_environment_variable_and_default() ->
             assert f"`{DEFAULTS[key]}`" in default, f"{flag}: its default is {DEFAULTS[key]!r}"
         else:
             assert default, f"{flag}: say what happens when it is not given"
+
+
+def test_the_check_config_examples_print_what_the_page_shows() -> None:
+    """Each block marked ``<!-- check-config: FILE -->`` is the command and its whole output."""
+    examples = re.findall(
+        r"<!-- check-config: \S+ -->\n```\n\$ ate-devplugin ([^\n]*)\n(.*?)```", CONFIGURATION.read_text(), re.DOTALL
+    )
+    assert examples, "docs/configuration.md shows no check-config example"
+    for args, shown in examples:
+        result = subprocess.run(
+            [sys.executable, "-m", "ate_devplugin", *shlex.split(args)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.stdout + result.stderr == shown, f"ate-devplugin {args} prints:\n{result.stdout}{result.stderr}"
 
 
 def test_the_config_example_shows_every_field() -> None:
