@@ -13,6 +13,8 @@ The path names a value of a result file in ``bench/results``:
 - ``previous:...``: the same in the full run before it;
 - ``podresources-idle:summary.list_cpu_ms``: the newest ``*-podresources-idle.json``
   (``python -m bench.podresources_idle``);
+- ``library-choice:candidates.click.import_ms``: the newest ``*-library-choice.json``
+  (``python -m bench.library_choice``);
 - ``PATH/PEER``: the value divided by the same value of another peer (``PATH`` is
   ``FIGURE.PEER.KEY...``), two decimals.
 
@@ -70,12 +72,14 @@ def quoted_files() -> list[Path]:
 
 @dataclass(frozen=True)
 class Runs:
-    """The result files quotes read: the newest full run, the one before, PodResources idle."""
+    """The result files quotes read: the newest full run, the one before, PodResources
+    idle, the library choice."""
 
     latest: dict[str, Any]
     latest_path: Path
     previous: dict[str, Any] | None = None
     podresources_idle: dict[str, Any] | None = None
+    library_choice: dict[str, Any] | None = None
 
     @classmethod
     def load(cls, results: Path = RESULTS) -> Runs:
@@ -83,11 +87,13 @@ class Runs:
         if not full:
             raise QuoteError(f"no full run in {results}")
         idle = sorted(results.glob("*-podresources-idle.json"))
+        libraries = sorted(results.glob("*-library-choice.json"))
         return cls(
             latest=_read(full[-1]),
             latest_path=full[-1],
             previous=_read(full[-2]) if len(full) > 1 else None,
             podresources_idle=_read(idle[-1]) if idle else None,
+            library_choice=_read(libraries[-1]) if libraries else None,
         )
 
 
@@ -122,7 +128,11 @@ def _number(x: int | float) -> str:
 
 def value(runs: Runs, path: str) -> str:
     """The text a quote of ``path`` reads."""
-    sources = {"previous": runs.previous, "podresources-idle": runs.podresources_idle}
+    sources = {
+        "previous": runs.previous,
+        "podresources-idle": runs.podresources_idle,
+        "library-choice": runs.library_choice,
+    }
     source, sep, rest = path.partition(":")
     if not sep or source not in sources:  # a key may hold a colon: loadavg.cold_start:before.0
         source, rest = "", path

@@ -4,7 +4,7 @@ cli.py parses the command line into Settings and calls :func:`run`. Each subsyst
 only its own part of the settings. The DRA driver and its Kubernetes client are imported
 only in mode dra or both: device-plugin mode loads neither.
 
-Exit codes: 0 done, 1 runtime failure, 2 bad configuration (one line, no traceback).
+Exit codes: 0 done, 1 runtime failure, 2 bad configuration (a line per problem, no traceback).
 """
 
 from __future__ import annotations
@@ -76,9 +76,10 @@ def run(settings: Settings) -> int:
 
             kube = connect()
     except ConfigError as exc:
-        print(f"ate-devplugin: config error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        return config_error(exc)
     setup_logging(settings.log_format, settings.log_level)
+    for idle in settings.warnings(resources):
+        log.warning("%s", idle, extra={"setting": idle.field})
     # The *_created series double the exposition and tell an operator nothing here.
     disable_created_metrics()  # type: ignore[no-untyped-call]  # unannotated in prometheus-client
     try:
@@ -87,6 +88,13 @@ def run(settings: Settings) -> int:
         log.error("cannot run: %s", exc)
         return EXIT_RUNTIME
     return 0
+
+
+def config_error(exc: ConfigError) -> int:
+    """Says every problem on a line of its own, before anything started."""
+    for line in exc.lines():
+        print(f"ate-devplugin: config error: {line}", file=sys.stderr)
+    return EXIT_CONFIG
 
 
 async def serve(settings: Settings, resources: Resources, kube: ApiServer | None = None) -> None:

@@ -7,11 +7,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
-from ate_devplugin.config import ConfigError, ResourceConfig
+from ate_devplugin.config import ALLOCATE_DEVICES, DEFAULT_UNITS, ConfigError, Problem, Problems, ResourceConfig
+
+T = TypeVar("T")
 
 ENV_PREFIX = "ATE_DEVPLUGIN_"
 # The DRA driver name: one driver for every configured resource (see docs/dra.md).
@@ -163,6 +166,12 @@ class Settings:
     pod_resources: bool = False
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     pod_resources_interval_s: float = 60.0
+    # Settings given that do nothing in this mode: warned about at start.
+    idle: tuple[Problem, ...] = ()
+
+    def warnings(self, resources: Sequence[ResourceConfig]) -> list[Problem]:
+        """What was set but does nothing here: these settings, then the config's fields."""
+        return [*self.idle, *idle_fields(resources, self.mode)]
 
     @property
     def device_plugin(self) -> bool:
@@ -216,43 +225,66 @@ class Settings:
         return DaemonSettings(self.device_root, t.event_deadline_s, t.shutdown_deadline_s)
 
 
+def flag_of(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def variable_of(key: str) -> str:
+    return ENV_PREFIX + key.upper()
+
+
 def resolve(flags: Mapping[str, str | None], env: Mapping[str, str]) -> Settings:
-    """Flags (None when not given) win over ATE_DEVPLUGIN_* variables, which win over defaults."""
+    """Flags (None when not given) win over ATE_DEVPLUGIN_* variables, which win over defaults.
+
+    Raises ConfigError with every bad value, each named as the user set it (``--mode``,
+    ``ATE_DEVPLUGIN_MODE``); ``Settings.idle`` holds those given that do nothing here."""
+    given: dict[str, str] = {}  # key -> the flag or variable that set it
 
     def pick(key: str) -> str:
         flag = flags.get(key)
         if flag is not None:
+            given[key] = flag_of(key)
             return flag
-        return env.get(ENV_PREFIX + key.upper(), DEFAULTS[key])
+        if variable_of(key) in env:
+            given[key] = variable_of(key)
+            return env[variable_of(key)]
+        return DEFAULTS[key]
 
-    device_root = _absolute_dir(pick("device_root"), "device_root")
-    plugin_dir = _absolute_dir(pick("plugin_dir"), "plugin_dir")
-    host, port = _address(pick("metrics_address"))
-    log_format = pick("log_format").lower()
-    if log_format not in LOG_FORMATS:
-        raise ConfigError("log_format", f"must be one of {', '.join(LOG_FORMATS)} (got {log_format!r})")
-    log_level = pick("log_level").lower()
-    if log_level not in LOG_LEVELS:
-        raise ConfigError("log_level", f"must be one of {', '.join(LOG_LEVELS)} (got {log_level!r})")
+    def name(key: str) -> str:
+        return given.get(key, flag_of(key))
+
+    problems = Problems()
+
+    def checked(key: str, check: Callable[[str, str], T], fallback: T) -> T:
+        with problems.gathered():
+            return check(pick(key), name(key))
+        return fallback
+
+    device_root = checked("device_root", _absolute_dir, "/")
+    plugin_dir = checked("plugin_dir", _absolute_dir, "/")
+    host, port = checked("metrics_address", _address, ("", 0))
+    log_format = checked("log_format", _one_of(LOG_FORMATS), "")
+    log_level = checked("log_level", _one_of(LOG_LEVELS), "")
     config = pick("config")
-    mode = pick("mode").lower()
-    if mode not in MODES:
-        raise ConfigError("mode", f"must be one of {', '.join(MODES)} (got {mode!r})")
+    mode = checked("mode", _one_of(MODES), "")
     node_name = pick("node_name") or env.get("NODE_NAME", "")
-    if mode != "device-plugin" and not node_name:
-        raise ConfigError("node_name", f"is required in mode {mode}: set NODE_NAME (downward API) or --node-name")
-    slots = pick("dra_slots")
-    if not slots.isdigit() or not 1 <= int(slots) <= MAX_DRA_SLOTS:
-        raise ConfigError("dra_slots", f"must be an integer from 1 to {MAX_DRA_SLOTS} (got {slots!r})")
-    pod_resources = pick("pod_resources").lower()
-    if pod_resources not in ("on", "off"):
-        raise ConfigError("pod_resources", f"must be on or off (got {pod_resources!r})")
-    pod_socket = pick("pod_resources_socket") or os.path.join(
+    if mode in ("dra", "both") and not node_name:
+        problems.add(
+            ConfigError(
+                name("node_name"),
+                f"is required in mode {mode}: set NODE_NAME (downward API), {variable_of('node_name')} or --node-name",
+            )
+        )
+    slots = checked("dra_slots", _slots, 0)
+    pod_resources = checked("pod_resources", _one_of(("on", "off")), "") == "on"
+    pod_socket = checked("pod_resources_socket", _absolute_or_empty, "") or os.path.join(
         os.path.dirname(plugin_dir), POD_RESOURCES_DIR, KUBELET_SOCKET
     )
-    if not pod_socket.startswith("/"):
-        raise ConfigError("pod_resources_socket", f"must be an absolute path (got {pod_socket!r})")
-    interval = _seconds(pick("pod_resources_interval"), "pod_resources_interval")
+    interval = checked("pod_resources_interval", _seconds, 0.0)
+    cdi_dir = checked("cdi_dir", _absolute_dir, "/")
+    registry_dir = checked("registry_dir", _absolute_dir, "/")
+    dra_dir = checked("dra_dir", _absolute_dir, "/")
+    problems.raise_any()
     return Settings(
         config=Path(config).absolute() if config else None,
         device_root=device_root,
@@ -261,16 +293,83 @@ def resolve(flags: Mapping[str, str | None], env: Mapping[str, str]) -> Settings
         metrics_port=port,
         log_format=log_format,
         log_level=log_level,
-        cdi_dir=_absolute_dir(pick("cdi_dir"), "cdi_dir"),
+        cdi_dir=cdi_dir,
         mode=mode,
         node_name=node_name,
-        registry_dir=_absolute_dir(pick("registry_dir"), "registry_dir"),
-        dra_dir=_absolute_dir(pick("dra_dir"), "dra_dir"),
-        dra_slots=int(slots),
-        pod_resources=pod_resources == "on",
+        registry_dir=registry_dir,
+        dra_dir=dra_dir,
+        dra_slots=slots,
+        pod_resources=pod_resources,
         pod_resources_socket=os.path.normpath(pod_socket),
         pod_resources_interval_s=interval,
+        idle=tuple(_idle_settings(mode, pod_resources, given)),
     )
+
+
+def mode_of(flag: str | None, env: Mapping[str, str]) -> str:
+    """The mode alone (check-config judges a file for it); raises ConfigError."""
+    if flag is not None:
+        return _one_of(MODES)(flag, flag_of("mode"))
+    return _one_of(MODES)(env.get(variable_of("mode"), DEFAULTS["mode"]), variable_of("mode"))
+
+
+# --- settings that do nothing: warnings, not errors ------------------------------------
+
+_DRA_ONLY = ("node_name", "registry_dir", "dra_dir", "dra_slots")
+_POD_RESOURCES_ONLY = ("pod_resources_socket", "pod_resources_interval")
+
+
+def _idle_settings(mode: str, pod_resources: bool, given: Mapping[str, str]) -> Iterator[Problem]:
+    if mode == "device-plugin":
+        for key in (k for k in _DRA_ONLY if k in given):
+            yield Problem(
+                given[key], "does nothing in mode device-plugin: only the DRA driver (--mode dra or both) uses it"
+            )
+    if not pod_resources:
+        switch = given.get("pod_resources", flag_of("pod_resources"))
+        for key in (k for k in _POD_RESOURCES_ONLY if k in given):
+            yield Problem(given[key], f"does nothing while {switch} is off")
+
+
+def idle_fields(resources: Sequence[ResourceConfig], mode: str) -> Iterator[Problem]:
+    """The config's fields that do nothing in this mode."""
+    for i, r in enumerate(resources):
+        where = f"resources[{i}]"
+        if mode == "device-plugin" and not r.uses_cdi and (r.cdi_file_mode, r.cdi_uid, r.cdi_gid) != (None,) * 3:
+            yield Problem(
+                f"{where}.cdi",
+                f"does nothing with allocate: {ALLOCATE_DEVICES} in mode device-plugin: no CDI spec is written",
+                "set allocate: cdi or both to answer with the CDI device",
+            )
+        if mode == "dra":
+            if r.preferred_allocation:
+                yield Problem(
+                    f"{where}.preferred_allocation",
+                    "does nothing in mode dra: only the device plugin answers GetPreferredAllocation",
+                )
+            if r.uses_cdi:
+                yield Problem(
+                    f"{where}.allocate",
+                    "does nothing in mode dra: it says how the device plugin answers Allocate "
+                    "(the DRA driver always hands out the CDI device)",
+                )
+            if r.units != DEFAULT_UNITS:
+                yield Problem(
+                    f"{where}.units",
+                    "does nothing in mode dra: the DRA driver publishes --dra-slots slots per resource",
+                )
+
+
+# --- one check per kind of value: the text given and the name it was given by ----------
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[str, str], str]:
+    def check(value: str, name: str) -> str:
+        if value.lower() not in choices:
+            raise ConfigError(name, f"must be one of {', '.join(choices)} (got {value!r})")
+        return value.lower()
+
+    return check
 
 
 def _absolute_dir(value: str, name: str) -> str:
@@ -279,11 +378,21 @@ def _absolute_dir(value: str, name: str) -> str:
     return os.path.normpath(value)
 
 
-def _address(value: str) -> tuple[str, int]:
+def _absolute_or_empty(value: str, name: str) -> str:
+    return _absolute_dir(value, name) if value else ""
+
+
+def _address(value: str, name: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError("metrics_address", f"must be HOST:PORT with a port from 0 to 65535 (got {value!r})")
+        raise ConfigError(name, f"must be HOST:PORT with a port from 0 to 65535 (got {value!r})")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _slots(value: str, name: str) -> int:
+    if not value.isdigit() or not 1 <= int(value) <= MAX_DRA_SLOTS:
+        raise ConfigError(name, f"must be an integer from 1 to {MAX_DRA_SLOTS} (got {value!r})")
+    return int(value)
 
 
 def _seconds(value: str, name: str) -> float:

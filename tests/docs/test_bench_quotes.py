@@ -40,6 +40,7 @@ RUNS = quotes.Runs(
     latest_path=Path("bench/results/20260101T000000Z-full.json"),
     previous={"figures": {"idle": {"ours": {"rss_mib": 50.0}}}},
     podresources_idle={"summary": {"list_cpu_ms": [2.4, 2.61], "rounds": 3}},
+    library_choice={"candidates": {"click": {"import_ms": 33.81, "rss_mib": 13.7}}},
 )
 
 
@@ -56,6 +57,8 @@ RUNS = quotes.Runs(
         ("previous:idle.ours.rss_mib", "50.0 MiB"),
         ("podresources-idle:summary.list_cpu_ms", "2.40 to 2.61 ms"),
         ("podresources-idle:summary.rounds", "3"),
+        ("library-choice:candidates.click.import_ms", "33.8 ms"),
+        ("library-choice:candidates.click.rss_mib", "13.7 MiB"),
     ],
 )
 def test_a_quote_reads_its_value(path: str, text: str) -> None:

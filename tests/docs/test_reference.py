@@ -1,12 +1,16 @@
 """The reference pages agree with the daemon: every flag of ``ate-devplugin run`` in
 docs/configuration.md with its environment variable and default, every field of the
-config file in its example, every metric in docs/observability.md or docs/dra.md with
-its labels; the README installs as the chart README does."""
+config file in its example, the check-config examples as the command prints them, every
+metric in docs/observability.md or docs/dra.md with its labels; the README installs as
+the chart README does."""
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,6 +51,24 @@ def test_every_flag_is_documented_with_its_environment_variable_and_default() ->
             assert f"`{DEFAULTS[key]}`" in default, f"{flag}: its default is {DEFAULTS[key]!r}"
         else:
             assert default, f"{flag}: say what happens when it is not given"
+
+
+def test_the_check_config_examples_print_what_the_page_shows() -> None:
+    """Each block marked ``<!-- check-config: FILE -->`` is the command and its whole output."""
+    examples = re.findall(
+        r"<!-- check-config: \S+ -->\n```\n\$ ate-devplugin ([^\n]*)\n(.*?)```", CONFIGURATION.read_text(), re.DOTALL
+    )
+    assert examples, "docs/configuration.md shows no check-config example"
+    for args, shown in examples:
+        result = subprocess.run(
+            [sys.executable, "-m", "ate_devplugin", *shlex.split(args)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.stdout + result.stderr == shown, f"ate-devplugin {args} prints:\n{result.stdout}{result.stderr}"
 
 
 def test_the_config_example_shows_every_field() -> None:

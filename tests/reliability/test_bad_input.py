@@ -5,7 +5,8 @@ paths that try to leave the device root, and `m` (mknod) as the kubelet sees it.
 
 The corpus runs in-process (``cli.main``: the same code path, no interpreter start per
 file); a few subprocess runs check what only a real process shows: the exit code, one
-line on stderr, the peak memory.
+line on stderr, the peak memory. A file with several problems gets a line for each, the
+first naming the field the file is about.
 
 Each file in ``bad_configs/`` starts with ``# field: <the field the error must name>``
 (``{path}`` for the file's own path) and ``# why: <what is wrong>``.
@@ -14,6 +15,7 @@ Each file in ``bad_configs/`` starts with ``# field: <the field the error must n
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -30,7 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ate_devplugin import cli
-from ate_devplugin.config import ConfigError, check_across, resources_from_document
+from ate_devplugin.config import MAX_PROBLEMS, ConfigError, check_across, resources_from_document
 from tests.harness.chart import CHART, Helm, helm_path
 from tests.harness.daemon import MakeDaemon
 from tests.harness.devices import add_device_node, device_number, make_device_root, mknod_char
@@ -72,7 +74,9 @@ def run_in_process(args: list[str], plugin_dir: Path, capsys: pytest.CaptureFixt
 def check_rejected(code: int, out: str, err: str, field: str, what: str) -> None:
     assert code == 2, f"{what}: exit {code}: {err}"
     lines = err.splitlines()
-    assert len(lines) == 1, f"{what}: {len(lines)} lines on stderr:\n{err[-2000:]}"
+    # A line per problem (at most MAX_PROBLEMS, then one with the count of the rest).
+    assert 1 <= len(lines) <= MAX_PROBLEMS + 1, f"{what}: {len(lines)} lines on stderr:\n{err[-2000:]}"
+    assert all(line.startswith("ate-devplugin: config error: ") for line in lines), f"{what}:\n{err[-2000:]}"
     assert lines[0].startswith(f"ate-devplugin: config error: {field}: "), f"{what}: {lines[0]}"
     assert out == ""
 
@@ -84,7 +88,7 @@ def test_the_corpus_is_big_enough() -> None:
         assert b"\n# why: " in path.read_bytes(), path.name
 
 
-def test_every_malformed_config_exits_2_with_one_line_and_starts_nothing(
+def test_every_malformed_config_exits_2_with_a_line_per_problem_and_starts_nothing(
     tmp_path: Path, short_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cases = [(path.name, path, expected_field(path)) for path in CORPUS]
@@ -339,8 +343,9 @@ def test_fuzzed_documents_through_the_cli(
     _, err = capsys.readouterr()
     assert code in (0, 2), err
     if code == 2:
-        assert len(err.splitlines()) == 1
-        assert err.startswith("ate-devplugin: config error: ")
+        lines = err.splitlines()
+        assert 1 <= len(lines) <= MAX_PROBLEMS + 1, err
+        assert all(re.match(r"ate-devplugin: config error: \S.*?: ", line) for line in lines), err
 
 
 # --- device paths that leave the device root, against the running daemon ----------------

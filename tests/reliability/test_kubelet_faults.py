@@ -205,7 +205,7 @@ def test_kubelet_absent_for_a_while_at_start(
         for r in ("success", "unavailable", "timeout", "rejected", "error")
     )
     assert attempts == 0
-    assert len(log_matches(d.log_lines(), "waiting for the kubelet socket")) == 1
+    assert len(log_matches(d.log_lines(), "waiting for the kubelet socket", level="info")) == 1
     with KubeletBench(kubelet_ns, kubelet_version, log_dir=tmp_path / "logs") as kubelet:
         kubelet.start()
         full(kubelet)

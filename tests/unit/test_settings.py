@@ -7,7 +7,7 @@ from dataclasses import fields, replace
 import pytest
 
 from ate_devplugin.config import ConfigError, ResourceConfig
-from ate_devplugin.settings import Timing, resolve
+from ate_devplugin.settings import Timing, idle_fields, mode_of, resolve
 
 
 def test_flags_win_over_env() -> None:
@@ -39,16 +39,113 @@ def test_pod_resources_settings() -> None:
 @pytest.mark.parametrize(
     ("flags", "env", "problem"),
     [
-        ({"mode": "dra"}, {}, "node_name: is required in mode dra: set NODE_NAME (downward API) or --node-name"),
-        ({"mode": "kubelet"}, {}, "mode: must be one of device-plugin, dra, both (got 'kubelet')"),
-        ({"mode": "both", "dra_slots": "0"}, {"NODE_NAME": "n"}, "dra_slots: must be an integer from 1 to 1024"),
-        ({"registry_dir": "plugins_registry"}, {}, "registry_dir: must be an absolute path"),
+        (
+            {"mode": "dra"},
+            {},
+            "--node-name: is required in mode dra: set NODE_NAME (downward API), ATE_DEVPLUGIN_NODE_NAME"
+            " or --node-name",
+        ),
+        ({"mode": "kubelet"}, {}, "--mode: must be one of device-plugin, dra, both (got 'kubelet')"),
+        ({"mode": "both", "dra_slots": "0"}, {"NODE_NAME": "n"}, "--dra-slots: must be an integer from 1 to 1024"),
+        ({"registry_dir": "plugins_registry"}, {}, "--registry-dir: must be an absolute path"),
     ],
 )
 def test_dra_settings_are_checked(flags: dict[str, str], env: dict[str, str], problem: str) -> None:
     with pytest.raises(ConfigError) as caught:
         resolve(flags, env)
     assert str(caught.value).startswith(problem)
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "line"),
+    [
+        ({}, {"ATE_DEVPLUGIN_MODE": "dra-only"}, "ATE_DEVPLUGIN_MODE: must be one of device-plugin, dra, both"),
+        ({"mode": "x"}, {"ATE_DEVPLUGIN_MODE": "dra"}, "--mode: must be one of"),  # the flag wins, and is named
+        ({}, {"ATE_DEVPLUGIN_DEVICE_ROOT": "dev"}, "ATE_DEVPLUGIN_DEVICE_ROOT: must be an absolute path (got 'dev')"),
+        ({"metrics_address": "localhost"}, {}, "--metrics-address: must be HOST:PORT"),
+        (
+            {},
+            {"ATE_DEVPLUGIN_POD_RESOURCES_INTERVAL": "soon"},
+            "ATE_DEVPLUGIN_POD_RESOURCES_INTERVAL: must be a number",
+        ),
+        ({"pod_resources_socket": "kubelet.sock"}, {}, "--pod-resources-socket: must be an absolute path"),
+        ({}, {"ATE_DEVPLUGIN_MODE": "both"}, "--node-name: is required in mode both"),
+    ],
+)
+def test_an_error_names_the_flag_or_variable_the_user_set(
+    flags: dict[str, str], env: dict[str, str], line: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        resolve(flags, env)
+    assert str(caught.value).startswith(line), caught.value
+
+
+def test_every_bad_setting_is_reported() -> None:
+    with pytest.raises(ConfigError) as caught:
+        resolve(
+            {"device_root": "dev", "log_level": "loud", "dra_slots": "many"},
+            {"ATE_DEVPLUGIN_LOG_FORMAT": "xml", "ATE_DEVPLUGIN_POD_RESOURCES": "yes", "ATE_DEVPLUGIN_CDI_DIR": "cdi"},
+        )
+    assert caught.value.lines() == [
+        "--device-root: must be an absolute path (got 'dev')",
+        "ATE_DEVPLUGIN_LOG_FORMAT: must be one of auto, json, text (got 'xml')",
+        "--log-level: must be one of debug, info, warning, error (got 'loud')",
+        "--dra-slots: must be an integer from 1 to 1024 (got 'many')",
+        "ATE_DEVPLUGIN_POD_RESOURCES: must be one of on, off (got 'yes')",
+        "ATE_DEVPLUGIN_CDI_DIR: must be an absolute path (got 'cdi')",
+    ]
+
+
+def test_settings_that_do_nothing_in_the_mode_are_warned_about() -> None:
+    settings = resolve(
+        {"dra_slots": "8", "pod_resources_interval": "5"},
+        {"ATE_DEVPLUGIN_REGISTRY_DIR": "/r", "ATE_DEVPLUGIN_POD_RESOURCES_SOCKET": "/p.sock", "NODE_NAME": "n"},
+    )
+    assert [str(p) for p in settings.idle] == [
+        "ATE_DEVPLUGIN_REGISTRY_DIR: does nothing in mode device-plugin: only the DRA driver (--mode dra or both)"
+        " uses it",
+        "--dra-slots: does nothing in mode device-plugin: only the DRA driver (--mode dra or both) uses it",
+        "ATE_DEVPLUGIN_POD_RESOURCES_SOCKET: does nothing while --pod-resources is off",
+        "--pod-resources-interval: does nothing while --pod-resources is off",
+    ]
+    # The same settings where they do something; NODE_NAME alone (the chart's) is never idle.
+    used = resolve(
+        {"dra_slots": "8", "mode": "both", "pod_resources": "on", "pod_resources_interval": "5"}, {"NODE_NAME": "n"}
+    )
+    assert used.idle == ()
+    off = resolve({"pod_resources_interval": "5"}, {"ATE_DEVPLUGIN_POD_RESOURCES": "off"})
+    assert [str(p) for p in off.idle] == [
+        "--pod-resources-interval: does nothing while ATE_DEVPLUGIN_POD_RESOURCES is off"
+    ]
+
+
+def test_config_fields_that_do_nothing_in_the_mode_are_warned_about() -> None:
+    resources = (
+        ResourceConfig(name="ate.dev/kvm", devices=("/dev/kvm",), cdi_file_mode=0o666),  # allocate: devices
+        ResourceConfig(name="ate.dev/tun", devices=("/dev/net/tun",), allocate="cdi", cdi_uid=0),
+        ResourceConfig(name="ate.dev/fuse", devices=("/dev/fuse",), preferred_allocation=True, units=8),
+    )
+    assert [str(p) for p in idle_fields(resources, "device-plugin")] == [
+        "resources[0].cdi: does nothing with allocate: devices in mode device-plugin: no CDI spec is written"
+        " (hint: set allocate: cdi or both to answer with the CDI device)"
+    ]
+    assert list(idle_fields(resources, "both")) == []  # DRA writes every resource's spec; the plugin allocates
+    assert [str(p) for p in idle_fields(resources, "dra")] == [
+        "resources[1].allocate: does nothing in mode dra: it says how the device plugin answers Allocate"
+        " (the DRA driver always hands out the CDI device)",
+        "resources[2].preferred_allocation: does nothing in mode dra: only the device plugin answers"
+        " GetPreferredAllocation",
+        "resources[2].units: does nothing in mode dra: the DRA driver publishes --dra-slots slots per resource",
+    ]
+    settings = resolve({"dra_slots": "8"}, {})
+    assert [p.field for p in settings.warnings(resources)] == ["--dra-slots", "resources[0].cdi"]
+
+
+def test_the_mode_alone_names_its_source() -> None:
+    assert mode_of(None, {}) == "device-plugin"
+    assert mode_of("DRA", {"ATE_DEVPLUGIN_MODE": "x"}) == "dra"
+    with pytest.raises(ConfigError, match=r"^ATE_DEVPLUGIN_MODE: must be one of"):
+        mode_of(None, {"ATE_DEVPLUGIN_MODE": "x"})
 
 
 def test_dra_settings_default_to_the_kubelet_paths() -> None:

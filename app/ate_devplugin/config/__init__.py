@@ -9,13 +9,14 @@
   (generated into the chart's ``_deviceconfig.tpl``).
 * ``files``: reading and parsing, bounded, never blocking on I/O.
 
-Every problem becomes a ConfigError naming the field (e.g. ``resources[1].units``) and
-what is wrong with it, so the CLI can print one line and exit 2. What the rest of the
+Every problem found is a line of one ConfigError naming the field (e.g.
+``resources[1].units``), what is wrong with it and, for the common mistakes, a hint, so
+the CLI can print one line per problem and exit 2. What the rest of the
 daemon uses is importable from here.
 """
 
 from ate_devplugin.config.checks import cdi_name_problem, check_across, resource_from, resources_from_document
-from ate_devplugin.config.errors import ConfigError
+from ate_devplugin.config.errors import MAX_PROBLEMS, ConfigError, Problem, Problems
 from ate_devplugin.config.files import (
     MAX_CONFIG_BYTES,
     MAX_YAML_NODES,
@@ -25,6 +26,7 @@ from ate_devplugin.config.files import (
     load_resources,
     parse_resources,
     read_again,
+    read_bounded,
     read_config_file,
 )
 from ate_devplugin.config.model import (
@@ -79,6 +81,7 @@ __all__ = [
     "MAX_MOUNTS",
     "MAX_NAME_PART_CHARS",
     "MAX_PATH_CHARS",
+    "MAX_PROBLEMS",
     "MAX_RESOURCES",
     "MAX_SOCKET_PATH",
     "MAX_TOTAL_UNITS",
@@ -88,6 +91,8 @@ __all__ = [
     "SOCKET_CHARS",
     "ConfigError",
     "MountConfig",
+    "Problem",
+    "Problems",
     "ResourceConfig",
     "cdi_name_problem",
     "check_across",
@@ -99,6 +104,7 @@ __all__ = [
     "max_units",
     "parse_resources",
     "read_again",
+    "read_bounded",
     "read_config_file",
     "resource_from",
     "resources_from_document",

@@ -7,9 +7,10 @@ carries the same rules in ``_deviceconfig.tpl`` (tools/gen-config-schema.py).
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
-from ate_devplugin.config.errors import ConfigError
+from ate_devplugin.config.errors import ConfigError, Problems
 from ate_devplugin.config.model import (
     ALLOCATE_DEVICES,
     CONFIG_VERSION,
@@ -21,7 +22,8 @@ from ate_devplugin.config.model import (
     ResourceConfig,
     max_units,
 )
-from ate_devplugin.config.schema import DOCUMENT
+from ate_devplugin.config.rules import Field, Then
+from ate_devplugin.config.schema import DOCUMENT, RESOURCE, RESOURCES
 
 
 def cdi_name_problem(resource_name: str) -> str | None:
@@ -36,12 +38,13 @@ def cdi_name_problem(resource_name: str) -> str | None:
 
 
 def resources_from_document(doc: Any) -> tuple[ResourceConfig, ...]:
-    """Validate a loaded document (YAML or chart values); raises ConfigError."""
-    checked = DOCUMENT.check(doc, "config")
-    version = checked.get("version", CONFIG_VERSION)
-    if version != CONFIG_VERSION:
+    """Validate a loaded document (YAML or chart values); raises ConfigError with every
+    problem found. The rules across resources are checked once each resource is valid."""
+    # Another version's file is judged by its version alone: its fields follow other rules.
+    version = doc.get("version", CONFIG_VERSION) if isinstance(doc, dict) else CONFIG_VERSION
+    if isinstance(version, (int, float)) and not isinstance(version, bool) and version != CONFIG_VERSION:
         raise ConfigError("version", f"unsupported version {version} (supported: {CONFIG_VERSION})")
-    resources = tuple(resource_from(r, f"resources[{i}]") for i, r in enumerate(checked["resources"]))
+    resources = tuple(_DOCUMENT.check(doc, "config")["resources"])
     check_across(resources)
     return resources
 
@@ -60,36 +63,58 @@ def resource_from(m: dict[str, Any], where: str) -> ResourceConfig:
         cdi_gid=m.get("cdi", {}).get("gid"),
         preferred_allocation=m.get("preferred_allocation", False),
     )
+    problems = Problems()
     if resource.uses_cdi and (problem := cdi_name_problem(resource.name)):
-        raise ConfigError(f"{where}.name", problem)
+        problems.add(ConfigError(f"{where}.name", problem))
     limit = max_units(len(resource.id_prefix))
     if resource.units > limit:
-        raise ConfigError(
-            f"{where}.units",
-            f"{resource.units} units exceed the kubelet's 4 MiB message limit (at most {limit} for this name)",
+        problems.add(
+            ConfigError(
+                f"{where}.units",
+                f"{resource.units} units exceed the kubelet's 4 MiB message limit (at most {limit} for this name)",
+            )
         )
+    problems.raise_any()
     return resource
+
+
+# The document as the daemon reads it: each resource is made (and its model rules checked)
+# as soon as its fields are valid, so one pass finds the problems of every resource.
+_DOCUMENT = replace(
+    DOCUMENT,
+    fields={
+        **DOCUMENT.fields,
+        "resources": Field(replace(RESOURCES, item=Then(RESOURCE, resource_from)), required=True),
+    },
+)
 
 
 def check_across(resources: tuple[ResourceConfig, ...], plugin_dir: str | None = None) -> None:
     """The rules across resources: unique names and socket files, (given the plugin
     directory) socket paths that fit a unix socket address, and units in all within the
-    memory budget."""
+    memory budget. Raises ConfigError with every problem found."""
+    problems = Problems()
     seen: dict[str, int] = {}
     for i, r in enumerate(resources):
-        for key in (r.name, r.socket_name):
-            if key in seen:
-                raise ConfigError(f"resources[{i}].name", f"{r.name!r} collides with resources[{seen[key]}]")
-            seen[key] = i
+        collides = next((seen[key] for key in (r.name, r.socket_name) if key in seen), None)
+        if collides is not None:
+            problems.add(ConfigError(f"resources[{i}].name", f"{r.name!r} collides with resources[{collides}]"))
+        seen.setdefault(r.name, i)
+        seen.setdefault(r.socket_name, i)
         if plugin_dir is not None:
             path = os.path.join(plugin_dir, r.socket_name)
             if len(os.fsencode(path)) > MAX_SOCKET_PATH:
-                raise ConfigError(
-                    f"resources[{i}].name",
-                    f"socket path {path!r} is longer than the {MAX_SOCKET_PATH}-byte unix socket limit",
+                problems.add(
+                    ConfigError(
+                        f"resources[{i}].name",
+                        f"socket path {path!r} is longer than the {MAX_SOCKET_PATH}-byte unix socket limit",
+                    )
                 )
     total = sum(r.units for r in resources)
     if total > MAX_TOTAL_UNITS:
-        raise ConfigError(
-            "resources", f"{total} units in all exceed {MAX_TOTAL_UNITS} (memory: the chart's 128 Mi limit)"
+        problems.add(
+            ConfigError(
+                "resources", f"{total} units in all exceed {MAX_TOTAL_UNITS} (memory: the chart's 128 Mi limit)"
+            )
         )
+    problems.raise_any()

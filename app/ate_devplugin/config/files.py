@@ -42,8 +42,19 @@ def read_config_file(path: Path | str) -> bytes:
         st = os.fstat(fd)  # the file opened, which a rename may have changed since
         if not stat.S_ISREG(st.st_mode):
             raise ConfigError(where, f"is not a regular file ({_kind(st.st_mode)})")
-        chunks: list[bytes] = []
-        size = 0
+        return read_bounded(fd, where)
+    except OSError as exc:
+        raise ConfigError(where, f"cannot read: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+
+
+def read_bounded(fd: int, where: str) -> bytes:
+    """Everything up to the end of ``fd`` (a file, or a pipe like stdin), refused once past
+    MAX_CONFIG_BYTES: no more than that and one byte is ever read."""
+    chunks: list[bytes] = []
+    size = 0
+    try:
         while size <= MAX_CONFIG_BYTES:
             chunk = os.read(fd, MAX_CONFIG_BYTES + 1 - size)
             if not chunk:
@@ -52,8 +63,6 @@ def read_config_file(path: Path | str) -> bytes:
             size += len(chunk)
     except OSError as exc:
         raise ConfigError(where, f"cannot read: {exc.strerror or exc}") from exc
-    finally:
-        os.close(fd)
     if size > MAX_CONFIG_BYTES:
         raise ConfigError(where, _TOO_LARGE)
     return b"".join(chunks)

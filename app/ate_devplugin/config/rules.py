@@ -1,18 +1,26 @@
 """The rule language of the config file: each rule checks a value and says the same in JSON Schema.
 
 A rule's ``check`` turns a raw YAML value into a checked one or raises ConfigError naming
-the field; its ``schema`` is the same rule for the chart's values.schema.json, so the two
-cannot drift (tools/gen-config-schema.py writes it).
+the field; a mapping or a list checks every part before it raises, so the error holds
+every problem, with a hint where the value looks like a common mistake. Its ``schema`` is
+the same rule for the chart's values.schema.json, so the two cannot drift
+(tools/gen-config-schema.py writes it).
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ate_devplugin.config.errors import ConfigError, shown
+from ate_devplugin.config.errors import ConfigError, Problems, shown
+
+# Hints for what YAML makes of a value written without quotes or left out.
+_EMPTY = "nothing follows the colon, and YAML reads that as null"
+_BOOLEAN = "YAML reads an unquoted yes, no, on, off, true or false as a boolean: write it in quotes"
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,7 @@ class Text:
     max_chars: int
     description: str = ""
     numbers: bool = False  # a number is taken as its text (env values)
+    choices: tuple[str, ...] = ()  # the only values (for the hint; the patterns say it)
 
     def check(self, raw: Any, where: str) -> str:
         if self.numbers and isinstance(raw, (int, float)) and not isinstance(raw, bool):
@@ -53,13 +62,29 @@ class Text:
                 raise ConfigError(where, f"must be at most {self.max_chars} characters") from None
         if not isinstance(raw, str):
             kind = "a string or a number" if self.numbers else "a string"
-            raise ConfigError(where, f"must be {kind} (got {shown(raw)})")
+            raise ConfigError(where, f"must be {kind} (got {shown(raw)})", self._unquoted(raw))
         if len(raw) > self.max_chars:
             raise ConfigError(where, f"must be at most {self.max_chars} characters (got {len(raw)})")
         for p in self.patterns:
             if not p.holds(raw):
-                raise ConfigError(where, f"{p.problem} (got {shown(raw)})")
+                raise ConfigError(where, f"{p.problem} (got {shown(raw)})", _near(raw, self.choices))
         return raw
+
+    def _fits(self, text: str) -> bool:
+        return len(text) <= self.max_chars and all(p.holds(text) for p in self.patterns)
+
+    def _unquoted(self, raw: Any) -> str:
+        """What YAML made of a string written without quotes, and how to write it."""
+        if raw is None:
+            return _EMPTY
+        if isinstance(raw, bool):
+            return _BOOLEAN
+        if isinstance(raw, int) and raw >= 0:
+            if self._fits(octal := f"0{raw:o}"):  # file_mode: 0666 is read as 438
+                return f"YAML reads an unquoted {octal} as the octal number {raw}: write '{octal}', in quotes"
+            if self._fits(str(raw)):
+                return f"write it in quotes: '{raw}'"
+        return ""
 
     def schema(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": ["string", "number"] if self.numbers else "string"}
@@ -85,7 +110,7 @@ class Integer:
         if isinstance(raw, float) and raw.is_integer():
             raw = int(raw)
         if isinstance(raw, bool) or not isinstance(raw, int) or raw < self.minimum:
-            raise ConfigError(where, f"must be {self._kind()} (got {shown(raw)})")
+            raise ConfigError(where, f"must be {self._kind()} (got {shown(raw)})", _number_hint(raw))
         if self.maximum is not None and raw > self.maximum:
             raise ConfigError(where, f"must be {self._kind()} (got {shown(raw)})")
         return raw
@@ -110,7 +135,9 @@ class Flag:
 
     def check(self, raw: Any, where: str) -> bool:
         if not isinstance(raw, bool):
-            raise ConfigError(where, f"must be true or false (got {shown(raw)})")
+            quoted = isinstance(raw, str) and raw.lower() in ("true", "false", "yes", "no", "on", "off")
+            hint = _EMPTY if raw is None else "write true or false, without quotes" if quoted else ""
+            raise ConfigError(where, f"must be true or false (got {shown(raw)})", hint)
         return raw
 
     def schema(self) -> dict[str, Any]:
@@ -133,18 +160,24 @@ class Items:
         if self.one_as_list and isinstance(raw, str):
             raw = [raw]
         if not isinstance(raw, list):
-            raise ConfigError(where, "must be a list")
+            hint = _EMPTY if raw is None else "start each entry with '- '" if isinstance(raw, dict) else ""
+            raise ConfigError(where, "must be a list", hint)
         if len(raw) < self.min_items:
             raise ConfigError(where, "must be a non-empty list")
-        if len(raw) > self.max_items:
+        if len(raw) > self.max_items:  # and its entries are not looked at
             raise ConfigError(where, f"must have at most {self.max_items} entries (got {len(raw)})")
-        values = [self.item.check(x, f"{where}[{i}]") for i, x in enumerate(raw)]
-        if self.unique:
-            seen: dict[Any, int] = {}
-            for i, v in enumerate(values):
-                if v in seen:
-                    raise ConfigError(f"{where}[{i}]", f"repeats {where}[{seen[v]}]")
-                seen[v] = i
+        problems = Problems()
+        values: list[Any] = []
+        seen: dict[Any, int] = {}
+        for i, x in enumerate(raw):
+            with problems.gathered():
+                value = self.item.check(x, f"{where}[{i}]")
+                values.append(value)
+                if self.unique:
+                    if value in seen:
+                        raise ConfigError(f"{where}[{i}]", f"repeats {where}[{seen[value]}]")
+                    seen[value] = i
+        problems.raise_any()
         return values
 
     def schema(self) -> dict[str, Any]:
@@ -176,15 +209,21 @@ class Table:
 
     def check(self, raw: Any, where: str) -> dict[str, str]:
         if not isinstance(raw, dict):
-            raise ConfigError(where, "must be a mapping of names to values")
+            hint = _EMPTY if raw is None else "write NAME: value entries, not a list" if isinstance(raw, list) else ""
+            raise ConfigError(where, "must be a mapping of names to values", hint)
         if len(raw) > self.max_items:
             raise ConfigError(where, f"must have at most {self.max_items} entries (got {len(raw)})")
+        problems = Problems()
         out: dict[str, str] = {}
         for k, v in raw.items():
             name = _key(where, k)
-            if not isinstance(k, str):
-                raise ConfigError(name, "must be a string key")
-            out[self.key.check(k, name)] = self.value.check(v, name)
+            with problems.gathered():
+                if not isinstance(k, str):
+                    raise ConfigError(name, "must be a string key")
+                self.key.check(k, name)
+            with problems.gathered():
+                out[k] = self.value.check(v, name)
+        problems.raise_any()
         return out
 
     def schema(self) -> dict[str, Any]:
@@ -210,14 +249,40 @@ class Record:
 
     def check(self, raw: Any, where: str) -> dict[str, Any]:
         if not isinstance(raw, dict):
-            raise ConfigError(where, "must be a mapping")
-        for key in raw:
-            if key not in self.fields:
-                raise ConfigError(_key(where, key), f"unknown key (known: {', '.join(sorted(self.fields))})")
+            required = [k for k, f in self.fields.items() if f.required]
+            hint = _EMPTY if raw is None else ""
+            if isinstance(raw, str) and required:
+                hint = f"write its fields as key: value ({', '.join(f'{k}: ...' for k in required)})"
+            raise ConfigError(where, "must be a mapping", hint)
+        problems = Problems()
+        out: dict[str, Any] = {}
+        for key, value in raw.items():
+            field = self.fields.get(key)
+            with problems.gathered():
+                if field is None:
+                    if hint := self._elsewhere(key):
+                        raise ConfigError(_key(where, key), "unknown key", hint)
+                    raise ConfigError(_key(where, key), f"unknown key (known: {', '.join(sorted(self.fields))})")
+                out[key] = field.rule.check(value, _key(where, key))
         for key in sorted(k for k, f in self.fields.items() if f.required):
             if key not in raw:
-                raise ConfigError(_key(where, key), "is required")
-        return {k: self.fields[k].rule.check(v, _key(where, k)) for k, v in raw.items()}
+                problems.add(ConfigError(_key(where, key), "is required"))
+        problems.raise_any()
+        return out
+
+    def _elsewhere(self, key: Any) -> str:
+        """Where an unknown key was probably meant: a known one it resembles, or the
+        record one level down that has it."""
+        if not isinstance(key, str):
+            return ""
+        if near := _near(key, tuple(self.fields)):
+            return near
+        for name, f in self.fields.items():
+            rule, each = (f.rule.item, True) if isinstance(f.rule, Items) else (f.rule, False)
+            rule = rule.rule if isinstance(rule, Then) else rule
+            if isinstance(rule, Record) and key in rule.fields:
+                return f"{key} goes in each entry of {name}" if each else f"{key} goes under {name}"
+        return ""
 
     def schema(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "object", "additionalProperties": False}
@@ -230,7 +295,36 @@ class Record:
         return out
 
 
-Rule = Text | Integer | Flag | Items | Table | Record
+@dataclass(frozen=True)
+class Then:
+    """A rule, then ``then``: what no schema can say about the value it checked (raises
+    ConfigError). The schema is the rule's alone."""
+
+    rule: Rule
+    then: Callable[[Any, str], Any]
+
+    def check(self, raw: Any, where: str) -> Any:
+        return self.then(self.rule.check(raw, where), where)
+
+    def schema(self) -> dict[str, Any]:
+        return self.rule.schema()
+
+
+Rule = Text | Integer | Flag | Items | Table | Record | Then
+
+
+def _near(word: str, known: tuple[str, ...]) -> str:
+    """'did you mean ...?' for a word close to one of ``known`` (letter case aside)."""
+    close = difflib.get_close_matches(word.lower(), known, n=1, cutoff=0.6) if len(word) <= 80 else []
+    return f"did you mean {close[0]!r}?" if close else ""
+
+
+def _number_hint(raw: Any) -> str:
+    if raw is None:
+        return _EMPTY
+    if isinstance(raw, str) and raw.strip().isdigit():
+        return f"write it without quotes: {raw.strip()}"
+    return ""
 
 
 def _key(where: str, key: Any) -> str:

@@ -91,6 +91,7 @@ CDI_FIELDS = {
             max(len(m) for m in ALLOCATE_MODES),
             f"How Allocate answers: '{ALLOCATE_DEVICES}' (device specs, the default), '{ALLOCATE_CDI}' (the CDI "
             f"device name; needs a CDI-enabled runtime such as containerd 2) or '{ALLOCATE_BOTH}'.",
+            choices=ALLOCATE_MODES,
         )
     ),
     "cdi": Field(

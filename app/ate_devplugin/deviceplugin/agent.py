@@ -17,7 +17,7 @@ from opentelemetry.trace import SpanKind, Tracer
 from ate_devplugin.config import ResourceConfig
 from ate_devplugin.deviceplugin.inventory import HEALTHY, UNHEALTHY, ResourceState
 from ate_devplugin.deviceplugin.ports import Ports
-from ate_devplugin.deviceplugin.reconciler import Action, Decision, Observed, decide
+from ate_devplugin.deviceplugin.reconciler import Action, Observed, decide
 from ate_devplugin.deviceplugin.registration import Backoff, RegistrationError
 from ate_devplugin.deviceplugin.servicer import plugin_options
 from ate_devplugin.host.devices import Discovery
@@ -56,7 +56,6 @@ class ResourceAgent:
         self._registered = False
         self._no_stream_since = 0.0
         self._had_stream = False
-        self._said_waiting = False
         self._attempt: asyncio.Future[None] | None = None  # the Register call in flight
         self._cause: context.Context | None = None  # trace context of why we register next
         self.task: asyncio.Task[None] | None = None
@@ -184,7 +183,6 @@ class ResourceAgent:
             self._woken.clear()
             decision = decide(self.observe())
             if decision.action is Action.WAIT:
-                self._say_waiting(decision)
                 await self._sleep(decision.until)
             elif decision.action is Action.SERVE:
                 await self._serve()
@@ -193,12 +191,6 @@ class ResourceAgent:
             else:
                 log.warning("kubelet holds no ListAndWatch stream; registering again", extra={"resource": self.name})
                 self._registered = False
-
-    def _say_waiting(self, decision: Decision) -> None:
-        waiting = decision.why == "waiting for the kubelet socket"
-        if waiting and not self._said_waiting:
-            log.info("waiting for the kubelet socket", extra={"resource": self.name, "socket": self.kubelet_socket})
-        self._said_waiting = self._said_waiting or waiting
 
     async def _sleep(self, until: float | None) -> None:
         """Until woken, or until ``until`` (monotonic) if given."""
@@ -232,7 +224,6 @@ class ResourceAgent:
         # A new kubelet may be up before its socket's creation event reaches us; noticing
         # it here registers once, with the restart as the cause, instead of twice.
         self._check_kubelet()
-        self._said_waiting = False
         self.state.registering()
         attempt = asyncio.ensure_future(
             self.ports.kubelet.register(

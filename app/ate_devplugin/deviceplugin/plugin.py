@@ -44,6 +44,7 @@ class DevicePlugin:
         self._guard: Guard | None = None
         self._kubelet = ports.fs.socket_identity(settings.kubelet_socket)  # to tell restarts
         self._stuck: str | None = None
+        self._waiting_said = False  # the info line about a missing kubelet socket
 
     def health(self) -> dict[str, str]:
         """The advertised health of every resource served, by name."""
@@ -130,10 +131,22 @@ class DevicePlugin:
         if name not in self.agents:  # not added again meanwhile
             self.metrics.remove_resource(name)
 
+    def _say_waiting(self) -> None:
+        """Where the kubelet's socket is awaited: at info once (a wrong --plugin-dir shows
+        at once, devices present or not), then at debug on each later check."""
+        level = logging.DEBUG if self._waiting_said else logging.INFO
+        socket = self.settings.kubelet_socket
+        log.log(level, "waiting for the kubelet socket at %s", socket, extra={"socket": socket})
+        self._waiting_said = True
+
     def _check_kubelet(self) -> None:
         """Notices a new kubelet by its socket's identity: a restart, seen once however told."""
         current = self.ports.fs.socket_identity(self.settings.kubelet_socket)
-        if current is None or current == self._kubelet:
+        if current is None:
+            self._say_waiting()
+            return
+        self._waiting_said = False
+        if current == self._kubelet:
             return
         restarted, self._kubelet = self._kubelet is not None, current
         if not restarted:

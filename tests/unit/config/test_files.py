@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from ate_devplugin.config import (
     MAX_CONFIG_BYTES,
     ConfigError,
     parse_resources,
+    read_bounded,
     read_config_file,
 )
 
@@ -67,3 +69,41 @@ def test_only_a_regular_file_of_bounded_size_is_read(tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as info:
             read_config_file(path)
         assert str(info.value) == f"{path}: {words}" or str(info.value).startswith(f"{path}: {words}"), info.value
+
+
+def _pipe_of(data: bytes) -> int:
+    """The read end of a pipe a thread fills with ``data`` (then closes, or stops on EPIPE)."""
+    read, write = os.pipe()
+
+    def fill() -> None:
+        try:
+            with os.fdopen(write, "wb") as f:
+                f.write(data)
+        except BrokenPipeError:
+            pass  # the reader stopped, as it should past the bound
+
+    threading.Thread(target=fill, daemon=True).start()
+    return read
+
+
+@pytest.mark.parametrize("size", [0, 100, MAX_CONFIG_BYTES])
+def test_a_pipe_is_read_to_its_end_within_the_bound(size: int) -> None:
+    fd = _pipe_of(b"#" * size)
+    try:
+        assert read_bounded(fd, "stdin") == b"#" * size
+    finally:
+        os.close(fd)
+
+
+def test_a_pipe_past_the_bound_is_refused_having_read_one_byte_more() -> None:
+    fd = _pipe_of(b"#" * (MAX_CONFIG_BYTES * 3))
+    try:
+        with pytest.raises(ConfigError, match=r"^stdin: is larger than 1048576 bytes"):
+            read_bounded(fd, "stdin")
+        # What is left in the pipe: all but the bound and one byte were never read.
+        left = b""
+        while chunk := os.read(fd, 1 << 20):
+            left += chunk
+        assert len(left) == MAX_CONFIG_BYTES * 3 - (MAX_CONFIG_BYTES + 1)
+    finally:
+        os.close(fd)
