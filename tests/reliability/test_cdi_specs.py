@@ -102,7 +102,9 @@ def test_a_read_only_cdi_directory_is_counted_unready_then_recovers(
 
     wait_until(lambda: failures() >= 1, 10, "the failed write counted")
     status, body = d.get("/readyz")
-    assert status == 503 and b"CDI spec of ate.dev/kvm not in place" in body and b"Read-only" in body, body
+    assert status == 503
+    assert b"CDI spec of ate.dev/kvm not in place" in body
+    assert b"Read-only" in body
     if allocate == "cdi":
         assert allocate_status(kubelet_ns)[0] == grpc.StatusCode.FAILED_PRECONDITION
     else:  # device specs only
