@@ -136,7 +136,8 @@ def build(
     """The daemon and its components; tests pass fake ``ports`` and ``discover``."""
     reader = None
     if settings.config is not None:
-        reader = ConfigReader(settings.config, settings.plugin_dir, metrics, settings.timing.reload_timeout_s)
+        t = settings.timing
+        reader = ConfigReader(settings.config, settings.plugin_dir, metrics, t.reload_timeout_s, t.reload_settle_s)
     specs = cdi_specs(settings, metrics, kube)
     parts = components(settings, metrics, tracing, kube, ports or host_ports(settings, metrics, tracing, specs), specs)
     return Daemon(settings.for_daemon(), resources, parts, metrics, reader, discover)
