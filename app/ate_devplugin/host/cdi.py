@@ -188,9 +188,10 @@ class CdiSpecs:
         return True, ""
 
     def watches(self) -> Watches:
-        # Watched while it holds (or should hold) a spec of ours: a missing directory is
-        # watched through its nearest existing ancestor, so its coming back is seen.
-        return Watches(dirs=frozenset({self.cdi_dir})) if self._wanted or self._written else Watches()
+        # Watched while it may hold a spec of ours (asked before the first discovery, so by
+        # config): a missing directory is watched through its nearest existing ancestor.
+        needed = self._written or any(self.every_resource or r.uses_cdi for r in self._resources)
+        return Watches(dirs=frozenset({self.cdi_dir})) if needed else Watches()
 
     def on_fs_events(self, batch: Sequence[FsEvent]) -> None:
         d = self.cdi_dir

@@ -271,3 +271,35 @@ async def test_allocate_names_the_cdi_device_when_the_resource_uses_cdi(tmp_path
 async def test_allocate_with_device_specs_names_no_cdi_device(plugin: Plugin) -> None:
     (container,) = (await plugin.stub.Allocate(allocate("kvm-0"))).container_responses
     assert list(container.cdi_devices) == []
+
+
+@pytest.mark.parametrize("allocate_with", ["cdi", "both"])
+async def test_allocate_never_names_a_cdi_device_whose_spec_is_not_on_disk(tmp_path: Path, allocate_with: str) -> None:
+    """'cdi': FAILED_PRECONDITION saying why (the name is all the answer would hold);
+    'both': the device specs only; and the name again once the spec is back."""
+    state = ResourceState(replace(RESOURCE, allocate=allocate_with))
+    state.update(PRESENT)
+    problem = ["/var/run/cdi/ate.dev-kvm.json: Read-only file system"]
+    servicer = DevicePluginServicer(
+        state, Metrics(CollectorRegistry()), NoOpTracerProvider().get_tracer("t"), lambda _: problem[0]
+    )
+    server = plugin_server(str(tmp_path / "p.sock"), servicer)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{tmp_path}/p.sock") as channel:
+            stub = api_pb2_grpc.DevicePluginStub(channel)  # type: ignore[no-untyped-call]
+            if allocate_with == "cdi":
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await stub.Allocate(allocate("kvm-0"))
+                assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+                assert "Read-only file system" in (info.value.details() or "")
+            else:
+                (container,) = (await stub.Allocate(allocate("kvm-0"))).container_responses
+                assert list(container.cdi_devices) == []
+                assert [d.host_path for d in container.devices] == ["/dev/kvm"]
+            problem[0] = ""
+            (container,) = (await stub.Allocate(allocate("kvm-0"))).container_responses
+            assert [d.name for d in container.cdi_devices] == ["ate.dev/kvm=kvm"]
+    finally:
+        state.close()
+        await server.stop(0)
