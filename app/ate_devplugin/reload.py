@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -18,13 +19,19 @@ class ConfigReader:
 
     A file rejected (or unreadable) keeps the running config: counted, logged once for as
     long as it stays the same, and ``ate_devplugin_config_rejected`` is 1 meanwhile.
+
+    New content is judged only once it stayed the same for ``settle_s``: a file written in
+    place in several steps (a torn write) is seen half-written, and half a valid config is
+    often valid (the first of two resources): applying it would restart what it left out.
+    Its writer's last step brings another event, and the file is read again then.
     """
 
-    def __init__(self, path: Path, plugin_dir: str, metrics: Metrics, timeout_s: float) -> None:
+    def __init__(self, path: Path, plugin_dir: str, metrics: Metrics, timeout_s: float, settle_s: float = 0.2) -> None:
         self.path = path
         self.plugin_dir = plugin_dir
         self.metrics = metrics
         self.timeout_s = timeout_s
+        self.settle_s = settle_s
         self._worker = Worker("config reload")
         self._data: bytes | None = None  # the file's bytes last read
         self._failure: str | None = None  # why the file could not be read last time
@@ -37,6 +44,11 @@ class ConfigReader:
             data, resources = await self._worker.call(
                 lambda: config.read_again(path, plugin_dir, previous), self.timeout_s
             )
+            if resources is not None and self.settle_s:
+                await asyncio.sleep(self.settle_s)
+                if await self._worker.call(lambda: config.read_config_file(path), self.timeout_s) != data:
+                    log.debug("the config file is still being written", extra={"path": str(path)})
+                    return None
         except (ConfigError, TimeoutError, WorkerBusyError) as exc:
             self._data = None  # read it again next time, even if unchanged
             if str(exc) != self._failure:  # the same unreadable file is reported once

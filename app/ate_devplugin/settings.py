@@ -70,6 +70,8 @@ class Timing:
     agent_stop_s: float = 2.5
     # Reading and decoding a changed config file, in a worker thread.
     reload_timeout_s: float = 5.0
+    # ... once its new content stayed the same this long (a torn write is not judged).
+    reload_settle_s: float = 0.2
     # A batch of events not handled within this long is a stall: /healthz fails.
     event_deadline_s: float = 10.0
     # After a stop signal: agents, watcher and server are down within this long ...

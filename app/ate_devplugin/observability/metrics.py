@@ -247,6 +247,11 @@ class PodResourcesMetrics:
             "Containers holding units that have no pod_units series: over the bound.",
             registry=r,
         )
+        self.labels_truncated = Gauge(
+            f"{PREFIX}_pod_units_labels_truncated",
+            "Containers of the last List whose namespace, pod or container name was cut to the Kubernetes limit.",
+            registry=r,
+        )
         self.requests = Counter(
             f"{PREFIX}_pod_resources_requests",
             "PodResources List calls to the kubelet, by result.",
