@@ -18,13 +18,13 @@ from ate_devplugin.config import ResourceConfig
 from ate_devplugin.deviceplugin.inventory import HEALTHY, UNHEALTHY, ResourceState
 from ate_devplugin.deviceplugin.ports import Ports
 from ate_devplugin.deviceplugin.reconciler import Action, Decision, Observed, decide
-from ate_devplugin.deviceplugin.registration import Backoff, RegistrationError
+from ate_devplugin.deviceplugin.registration import RegistrationError
 from ate_devplugin.deviceplugin.servicer import plugin_options
 from ate_devplugin.host.devices import Discovery
 from ate_devplugin.host.sockets import ServeError
 from ate_devplugin.observability.metrics import Metrics
 from ate_devplugin.settings import DevicePluginSettings
-from ate_devplugin.tasks import Guard, cancel
+from ate_devplugin.tasks import Backoff, Guard, cancel
 
 log = logging.getLogger(__name__)
 
