@@ -66,6 +66,6 @@ def setup_logging(fmt: str, level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # gRPC and watchdog chatter at info is not ours to report.
-    for noisy in ("watchdog", "grpc"):
+    # gRPC, watchdog and HTTP client chatter at info (a line per request) is not ours to report.
+    for noisy in ("watchdog", "grpc", "httpx2", "httpcore2"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
