@@ -27,6 +27,7 @@ import json
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -302,6 +303,7 @@ def foreign_slices(rig: Rig) -> dict[str, Any]:
     d = rig.daemon()
     d.spawn()
     d.wait_healthy(60)
+    rig.kubelet.wait(KVM, allocatable=4096, timeout=60)
     with Sampler(d.proc.pid) as rss, Allocations(rig.kubelet) as allocs:  # type: ignore[union-attr]
         began = time.monotonic()
         wait_until(lambda: len(rig.our_slices()) <= 1 and in_sync(d), 1800, "foreign slices deleted", interval=1)
@@ -346,7 +348,7 @@ def generation_max(rig: Rig) -> dict[str, Any]:
         try:
             began = time.monotonic()
             with contextlib.suppress(TimeoutError):
-                wait_until(lambda: in_sync(d) and all(not s["spec"]["devices"] for s in rig.our_slices()), 20,
+                wait_until(lambda: in_sync(d) and all(not s["spec"].get("devices") for s in rig.our_slices()), 20,
                            "slots withdrawn", interval=0.2)  # fmt: skip
             follow_s = time.monotonic() - began
         finally:
@@ -380,21 +382,32 @@ def rig_for(work: Path, app: Path) -> Iterator[Rig]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--app", type=Path, default=REPO / "app", help="the source tree the daemon runs")
+    parser.add_argument("--label", default="after", help="the key of this run in the result file (before, after)")
     parser.add_argument("--only", nargs="*", choices=list(SCENARIOS), default=list(SCENARIOS))
     parser.add_argument("--work", type=Path, default=Path("/tmp/ate-dra-faults"))
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="the result file; other labels in it are kept")
     args = parser.parse_args()
-    results: dict[str, Any] = {"app": str(args.app), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
+    run: dict[str, Any] = results.setdefault(args.label, {})
+    run.update(app=str(args.app), revision=_revision(args.app), loadavg=list(os.getloadavg()))
     with rig_for(args.work / str(os.getpid()), args.app) as rig:
         for name in args.only:
             print(f"{name} ...", flush=True)
             try:
-                results[name] = SCENARIOS[name](rig)
+                run[name] = SCENARIOS[name](rig)
             except Exception as exc:  # one scenario's failure is its figure
-                results[name] = {"failed": f"{type(exc).__name__}: {exc}"[:2000]}
-            print(f"  {json.dumps(results[name])[:1500]}", flush=True)
+                run[name] = {"failed": f"{type(exc).__name__}: {exc}"[:2000]}
+            print(f"  {json.dumps(run[name])[:1500]}", flush=True)
             args.out.write_text(json.dumps(results, indent=2) + "\n")
     return 0
+
+
+def _revision(app: Path) -> str:
+    """The commit of the tree the daemon ran (a dirty tree says so)."""
+    git = ["git", "-C", str(app)]
+    rev = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "--", "."], capture_output=True, text=True).stdout
+    return rev + ("+dirty" if dirty.strip() else "")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -264,3 +265,70 @@ class ApiServer:
 
     def create_namespace(self, name: str) -> None:
         self.must("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+
+
+class WatchCutter:
+    """A TLS front of the API server that ends every watch at once (what a load balancer
+    with a short idle timeout does), forwarding every other request; counts the watches.
+    It serves with the API server's own certificate, so a kubeconfig only changes port."""
+
+    def __init__(self, api: ApiServer) -> None:
+        self.api = api
+        self.watches = 0
+        cutter = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _forward(self) -> None:
+                if "watch=true" in self.path:
+                    cutter.watches += 1
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) or None
+                ctx = ssl.create_default_context(cafile=str(api.pki / "ca.crt"))
+                conn = http.client.HTTPSConnection("127.0.0.1", api.port, context=ctx, timeout=30)
+                try:
+                    headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    response = conn.getresponse()
+                    data = response.read()
+                finally:
+                    conn.close()
+                self.send_response(response.status)
+                self.send_header("Content-Type", response.getheader("Content-Type", "application/json"))
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_PUT = do_DELETE = _forward  # noqa: N815
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(api.pki / "apiserver.crt", api.pki / "apiserver.key")
+        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def kubeconfig(self) -> Path:
+        """The driver's kubeconfig, through this front."""
+        path = self.api.kubeconfig()
+        config = json.loads(path.read_text())
+        config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{self.port}"
+        front = path.with_name("through-cutter.kubeconfig")
+        front.write_text(json.dumps(config))
+        return front

@@ -9,6 +9,7 @@ never about how long something took; bench/dra_faults.py measures the same scena
 from __future__ import annotations
 
 import math
+import re
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.harness import apiserver, dra
-from tests.harness.apiserver import ApiServer
+from tests.harness.apiserver import ApiServer, WatchCutter
 from tests.harness.daemon import DevicePluginDaemon
 from tests.harness.faults import SpawnDaemon
 from tests.harness.kubelet import KubeletBench, Namespace
@@ -63,9 +64,9 @@ def driver(
 ) -> DriverDaemon:
     """``driver(mode="both", start=True)``: our daemon as this node's DRA driver."""
 
-    def make(mode: str = "both", start: bool = True) -> DevicePluginDaemon:
+    def make(mode: str = "both", start: bool = True, kubeconfig: Path | None = None) -> DevicePluginDaemon:
         args = ["--mode", mode, "--node-name", node, "--dra-slots", "4", *dra.DAEMON_ARGS]
-        env = {"KUBECONFIG": str(api.kubeconfig())}
+        env = {"KUBECONFIG": str(kubeconfig or api.kubeconfig())}
         return spawn_daemon(device_root, ns=kubelet_ns, env=env, args=args, start=start)
 
     return make
@@ -211,3 +212,26 @@ def test_an_api_server_that_hangs_fails_prepare_with_a_reason_and_stop_is_bounde
     assert code == 0
     assert "could not delete this node's resource slices" in d.log_text()
     assert any(line.get("msg") == "stopped" for line in d.log_lines())
+
+
+WATCH_ENDED = re.compile(r"the API server ended the watch after [0-9.]+s; watching again in ([0-9.]+)s")
+
+
+def test_a_watch_that_ends_at_once_is_asked_again_only_after_a_growing_backoff(
+    api: ApiServer, node: str, driver: DriverDaemon
+) -> None:
+    with WatchCutter(api) as cutter:
+        d = driver(mode="dra", kubeconfig=cutter.kubeconfig())
+        wait_until(lambda: published(api, node, d, 4), 60, "slots published through the front")
+
+        def delays() -> list[float]:
+            return [float(m[1]) for line in d.log_lines() if (m := WATCH_ENDED.fullmatch(str(line.get("msg"))))]
+
+        wait_until(lambda: len(delays()) >= 5, 120, lambda: f"five watches ended: {delays()}", interval=0.2)
+        seen, asked = delays(), cutter.watches
+    # Each watch asked for came after the delay logged for the one before (one may be on its way).
+    assert len(seen) <= asked <= len(seen) + 1
+    bound = 1.0  # the driver's first delay is drawn from [0.5, 1] s, each bound doubles, up to 30 s
+    for delay in seen:
+        assert bound / 2 - 0.05 <= delay <= bound + 0.05, seen  # logged with one decimal
+        bound = min(30.0, bound * 2)

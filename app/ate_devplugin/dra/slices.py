@@ -22,6 +22,7 @@ pool is deleted and written afresh from generation 1 (docs/dra.md).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import re
@@ -125,7 +126,8 @@ def seen(item: Mapping[str, Any]) -> Seen:
 
 
 def _digest(item: Mapping[str, Any]) -> int:
-    return hash(repr(_content(item)))
+    """Equal for equal content, whatever order the API server gave its keys in."""
+    return hash(json.dumps(_content(item), sort_keys=True, default=str))
 
 
 def _int(value: Any) -> int:
