@@ -13,6 +13,8 @@ The path names a value of a result file in ``bench/results``:
 - ``previous:...``: the same in the full run before it;
 - ``podresources-idle:summary.list_cpu_ms``: the newest ``*-podresources-idle.json``
   (``python -m bench.podresources_idle``);
+- ``dra-faults:after.prepare_flood.peak_rss_mib``: the newest ``*-dra-faults.json``
+  (``python -m bench.dra_faults``);
 - ``PATH/PEER``: the value divided by the same value of another peer (``PATH`` is
   ``FIGURE.PEER.KEY...``), two decimals.
 
@@ -53,6 +55,8 @@ UNITS = (
     ("_ms", " ms"),
     ("_mib", " MiB"),
     ("bytes", " bytes"),
+    ("_per_s", "/s"),
+    ("_percent", " %"),
 )
 
 
@@ -70,12 +74,13 @@ def quoted_files() -> list[Path]:
 
 @dataclass(frozen=True)
 class Runs:
-    """The result files quotes read: the newest full run, the one before, PodResources idle."""
+    """The result files quotes read: the newest full run, the one before, PodResources idle, DRA faults."""
 
     latest: dict[str, Any]
     latest_path: Path
     previous: dict[str, Any] | None = None
     podresources_idle: dict[str, Any] | None = None
+    dra_faults: dict[str, Any] | None = None
 
     @classmethod
     def load(cls, results: Path = RESULTS) -> Runs:
@@ -83,11 +88,13 @@ class Runs:
         if not full:
             raise QuoteError(f"no full run in {results}")
         idle = sorted(results.glob("*-podresources-idle.json"))
+        faults = sorted(results.glob("*-dra-faults.json"))
         return cls(
             latest=_read(full[-1]),
             latest_path=full[-1],
             previous=_read(full[-2]) if len(full) > 1 else None,
             podresources_idle=_read(idle[-1]) if idle else None,
+            dra_faults=_read(faults[-1]) if faults else None,
         )
 
 
@@ -122,7 +129,7 @@ def _number(x: int | float) -> str:
 
 def value(runs: Runs, path: str) -> str:
     """The text a quote of ``path`` reads."""
-    sources = {"previous": runs.previous, "podresources-idle": runs.podresources_idle}
+    sources = {"previous": runs.previous, "podresources-idle": runs.podresources_idle, "dra-faults": runs.dra_faults}
     source, sep, rest = path.partition(":")
     if not sep or source not in sources:  # a key may hold a colon: loadavg.cold_start:before.0
         source, rest = "", path

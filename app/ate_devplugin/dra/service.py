@@ -109,14 +109,17 @@ class DraDriver:
         """One result per claim: the first MAX_CLAIMS_PER_CALL read within the budget, the rest refused."""
         read, past = refs[:MAX_CLAIMS_PER_CALL], refs[MAX_CLAIMS_PER_CALL:]
         tasks = [asyncio.ensure_future(self._prepare_one(ref)) for ref in read]
-        if tasks:
-            await asyncio.wait(tasks, timeout=PREPARE_BUDGET_S)
+        try:
+            if tasks:
+                await asyncio.wait(tasks, timeout=PREPARE_BUDGET_S)
+        finally:  # also when the kubelet gave up on the call: no read outlives it
+            for task in tasks:
+                task.cancel()
         results = []
         for ref, task in zip(read, tasks, strict=True):
-            if task.done():
+            if task.done() and not task.cancelled():
                 results.append(task.result())
             else:
-                task.cancel()
                 results.append(ClaimResult(error=f"{_where(ref)} not read within {PREPARE_BUDGET_S:g}s"))
         refused = ClaimResult(error=f"more than {MAX_CLAIMS_PER_CALL} claims in one call; this one is not read")
         return results + [refused] * len(past)

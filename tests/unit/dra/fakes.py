@@ -22,6 +22,7 @@ class FakeApi:
         self.writes: list[str] = []
         self.lists = 0
         self.claim_reads = 0
+        self.calls_cancelled = 0
         self.watches = 0
         self.watch_ends = False  # every watch ends at once, without an event
         self.page = 100
@@ -55,7 +56,11 @@ class FakeApi:
 
     async def _maybe_hang(self) -> None:
         if self.hang:
-            await asyncio.Event().wait()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.calls_cancelled += 1
+                raise
 
     async def close(self) -> None:
         self.closed = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 from typing import Any
@@ -273,6 +274,15 @@ async def test_claims_not_read_within_the_budget_fail_saying_so(rig: Rig, monkey
     [result] = (await rig.plugin.driver.prepare([ClaimRef("ns", "u-s", "slow")])).values()
     assert result.error == "claim ns/slow not read within 0.05s"
     assert rig.sample("ate_devplugin_dra_claims_total", method="NodePrepareResources", result="error") == 1
+    rig.api.hang = False
+
+
+async def test_no_claim_read_outlives_a_call_the_kubelet_gave_up_on(rig: Rig) -> None:
+    rig.api.hang = True
+    call = asyncio.ensure_future(rig.plugin.driver.prepare([ClaimRef("ns", f"u{i}", f"c{i}") for i in range(3)]))
+    await until(lambda: rig.api.claim_reads == 3, "the reads under way")
+    call.cancel()
+    await until(lambda: rig.api.calls_cancelled == 3, "the reads cancelled with the call")
     rig.api.hang = False
 
 
