@@ -225,6 +225,7 @@ class SlicePublisher:
                     else:
                         continue
                     self._dirty.set()
+                    await asyncio.sleep(0)  # events read from one buffer come without a pause
                 why = "the API server ended the watch"
             except asyncio.CancelledError:
                 raise
