@@ -17,6 +17,10 @@ fails or ends at once is retried after a capped, jittered backoff. The pool gene
 goes up from the last one written and those of the slices kept, never from a slice
 deleted; when one past it would not fit an int64 (only another writer can put a slice there), the
 pool is deleted and written afresh from generation 1 (docs/dra.md).
+
+Nothing is written before the first list is answered, and a list answered after this
+process wrote keeps what it wrote since (by resourceVersion): otherwise a slice created
+while the list was under way looks missing and is created twice.
 """
 
 from __future__ import annotations
@@ -135,6 +139,12 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and 0 <= value <= MAX_GENERATION else 0
 
 
+def _newer(version: str, than: str) -> bool:
+    """Whether a resourceVersion is later than another (etcd's are increasing integers;
+    anything else is not known to be later)."""
+    return version.isdigit() and than.isdigit() and int(version) > int(than)
+
+
 def next_generation(kept: Sequence[Seen], written: int) -> int | None:
     """The pool generation to write over the slices kept: one past the highest of theirs
     and of the last one written (the API server took both), or None when that would not
@@ -166,6 +176,10 @@ class SlicePublisher:
         self.devices: dict[str, str] = {}
         self.generation = 0  # the last one written
         self.observed: dict[str, Seen] = {}  # slice name -> slice, as the API server holds it
+        # What this process wrote (None: deleted) since the list under way was asked for:
+        # its answer may be older than these writes.
+        self._written: dict[str, Seen | None] = {}
+        self._listed = asyncio.Event()  # the first list was answered: observed is known
         self.synced = asyncio.Event()  # set while the API server holds what it should
         self._dirty = asyncio.Event()
         self._node_uid: str | None = None
@@ -243,17 +257,25 @@ class SlicePublisher:
         """What the API server holds now, a page at a time; the list's resourceVersion."""
         observed: dict[str, Seen] = {}
         version = ""
+        self._written = {}
         async for items, page_version in self.api.list_slices(self.driver, self.node):
             for item in items:
                 record = seen(item)
                 observed[record.name] = record
             version = page_version
+        for name, wrote in self._written.items():  # what was written after the list's snapshot
+            if wrote is None:
+                observed.pop(name, None)
+            elif _newer(wrote.resource_version, version):
+                observed[name] = wrote
         self.observed = observed
+        self._listed.set()
         self._dirty.set()
         return version
 
     async def _sync_loop(self) -> None:
         backoff = Backoff(self.retry_s, self.retry_cap_s, self.rng)
+        await self._listed.wait()  # before it, a create could add a second copy of a slice
         while True:
             await self._dirty.wait()
             self._dirty.clear()
@@ -312,7 +334,8 @@ class SlicePublisher:
                 written = await self._write("update", self.api.replace_slice(body))
             else:
                 written = await self._write("create", self.api.create_slice(await self._body(spec)))
-            self.observed[str(written["metadata"]["name"])] = seen(written)
+            record = seen(written)
+            self.observed[record.name] = self._written[record.name] = record
         log.info(
             "resource slices published",
             extra={"generation": self.generation, "slices": len(wanted), "devices": len(self.devices)},
@@ -358,4 +381,5 @@ class SlicePublisher:
             await asyncio.gather(*(self._write("delete", self.api.delete_slice(name)) for name in batch))
             for name in batch:
                 self.observed.pop(name, None)
+                self._written[name] = None
             await asyncio.sleep(0)

@@ -26,11 +26,12 @@ class FakeApi:
         self.watches = 0
         self.watch_ends = False  # every watch ends at once, without an event
         self.page = 100
+        self.list_gate: asyncio.Event | None = None  # lists are answered once it is set
         self.hang = False  # every call waits for ever, as an API server that accepts and never answers
         self.closed = False
         self._versions = itertools.count(1)
         self._names = itertools.count()
-        self._watchers: list[asyncio.Queue[tuple[str, dict[str, Any]]]] = []
+        self._watchers: list[asyncio.Queue[tuple[str, dict[str, Any]] | None]] = []
 
     # --- claims and nodes ---
 
@@ -72,7 +73,9 @@ class FakeApi:
         self.lists += 1
         await self._maybe_hang()
         version = str(next(self._versions))
-        items = [copy.deepcopy(s) for s in self.slices.values()]
+        items = [copy.deepcopy(s) for s in self.slices.values()]  # the snapshot is taken when asked ...
+        if self.list_gate is not None:
+            await self.list_gate.wait()  # ... the answer arrives when the gate opens
         for i in range(0, max(1, len(items)), self.page):
             yield items[i : i + self.page], version
 
@@ -82,13 +85,18 @@ class FakeApi:
         self.watches += 1
         if self.watch_ends:
             return
-        queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[str, dict[str, Any]] | None] = asyncio.Queue()
         self._watchers.append(queue)
         try:
-            while True:
-                yield await queue.get()
+            while (event := await queue.get()) is not None:
+                yield event
         finally:
             self._watchers.remove(queue)
+
+    def end_watches(self) -> None:
+        """The server ends every watch (a timeout, a restart)."""
+        for queue in self._watchers:
+            queue.put_nowait(None)
 
     def _notify(self, kind: str, item: dict[str, Any]) -> None:
         for queue in self._watchers:

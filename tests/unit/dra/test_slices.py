@@ -187,3 +187,41 @@ def _results(pub: SlicePublisher) -> set[str]:
         for sample in metric.samples
         if sample.name.endswith("_total") and sample.value
     }
+
+
+async def test_nothing_is_written_before_the_first_list_is_answered() -> None:
+    api = FakeApi()
+    api.list_gate = asyncio.Event()
+    pub = publisher(api)
+    pub.publish(slot_devices([KVM], 2))
+    async with running(pub):
+        await until(lambda: api.lists == 1, "the first list asked for")
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert api.writes == []  # it would not know which slices exist
+        api.list_gate.set()
+        await until(lambda: pub.synced.is_set(), "published")
+    assert api.writes == ["create"]
+
+
+async def test_a_slice_written_while_a_list_is_under_way_is_not_written_twice() -> None:
+    api = FakeApi()
+    pub = publisher(api)
+    pub.publish(slot_devices([KVM], 2))
+    async with running(pub):
+        await until(lambda: pub.synced.is_set(), "published")
+        api.wipe()  # the kubelet started: every slice gone ...
+        await until(lambda: pub.synced.is_set() and len(api.slices) == 1, "written again")
+        lists = api.lists
+        api.list_gate = asyncio.Event()
+        api.end_watches()  # ... the watch ends: a list is asked for, answered late
+        await until(lambda: api.lists == lists + 1, "the list asked for")
+        pub.publish(slot_devices([KVM], 3))  # meanwhile a change is written
+        await until(lambda: api.writes.count("update") == 1, "the change written")
+        api.list_gate.set()  # the list, older than the update, arrives
+        await until(lambda: api.watches == lists + 1, "watching again")
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert pub.synced.is_set()
+    assert api.writes == ["create", "create", "update"]  # nothing written again over the old list
+    assert len(api.devices()) == 3
