@@ -1,4 +1,4 @@
-"""Registering a resource with the kubelet, and the backoff between attempts."""
+"""Registering a resource with the kubelet."""
 
 from __future__ import annotations
 

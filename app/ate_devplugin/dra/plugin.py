@@ -25,6 +25,7 @@ from ate_devplugin.dra.slices import SliceApi, SlicePublisher, slot_devices
 from ate_devplugin.host.devices import Discovery
 from ate_devplugin.host.sockets import UnixServer
 from ate_devplugin.host.watcher import FsEvent, Watches
+from ate_devplugin.observability.logs import reason
 from ate_devplugin.observability.metrics import DraMetrics
 from ate_devplugin.settings import DraSettings
 from ate_devplugin.tasks import Guard
@@ -33,6 +34,10 @@ log = logging.getLogger(__name__)
 
 # Grace for the kubelet's calls in flight when the driver stops.
 STOP_GRACE_S = 0.2
+# Deleting this node's slices at stop, of the daemon's few seconds to exit: an API server
+# that does not answer costs this much, and the kubelet deletes the slices 30 s later.
+STOP_SLICES_S = 1.0
+CLOSE_S = 0.2
 
 
 class ApiServer(ClaimReader, SliceApi, Protocol):
@@ -67,6 +72,7 @@ class DraPlugin:
         self._servers: list[UnixServer] = []
 
     def _lookup(self, device: str) -> str | None:
+        """The one place prepare asks for a device's CDI ID (``cdi_id``: host.cdi's answer)."""
         resource = self.publisher.devices.get(device)
         return None if resource is None else self.cdi_id(resource)
 
@@ -96,10 +102,13 @@ class DraPlugin:
             await server.stop(STOP_GRACE_S)
         self._servers = []
         try:
-            await asyncio.wait_for(self.publisher.stop(), deadline_s)
+            await asyncio.wait_for(self.publisher.stop(), min(deadline_s, STOP_SLICES_S))
         except Exception as exc:  # a failed cleanup must not hold the exit
-            log.error("could not delete this node's resource slices: %r", exc)
-        await self.api.close()
+            log.error("could not delete this node's resource slices: %s", reason(exc))
+        try:
+            await asyncio.wait_for(self.api.close(), CLOSE_S)
+        except Exception as exc:
+            log.warning("could not close the API client: %s", reason(exc))
         return []
 
     def readiness(self) -> tuple[bool, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,12 @@ from ate_devplugin.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from ate_devplugin.api.pluginregistration.v1 import api_pb2 as reg
 from ate_devplugin.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from ate_devplugin.config import DEFAULT_RESOURCES
+from ate_devplugin.dra import service
+from ate_devplugin.dra.kube import ApiError
 from ate_devplugin.dra.plugin import DraPlugin
-from ate_devplugin.dra.service import ClaimRef
+from ate_devplugin.dra.service import MAX_CLAIMS_PER_CALL, ClaimRef
 from ate_devplugin.host.devices import DeviceNode, Discovery
+from ate_devplugin.observability.logs import MAX_REASON
 from ate_devplugin.observability.metrics import DraMetrics
 from ate_devplugin.settings import DRA_DRIVER, Settings, resolve
 from ate_devplugin.tasks import Guard
@@ -232,3 +236,85 @@ async def test_a_stale_socket_is_replaced(tmp_path: Path) -> None:
         assert list(response.claims) == ["u"]
     finally:
         await rig.plugin.stop(2.0)
+
+
+# --- bounds: what a call may hold, reasons never empty, names, the kubelet's error ---
+
+
+async def test_a_call_with_too_many_claims_reads_the_first_and_refuses_each_of_the_rest(rig: Rig) -> None:
+    count = MAX_CLAIMS_PER_CALL + 50
+    for i in range(count):
+        rig.api.add_claim("ns", f"c{i}", f"u{i}", allocated("ate-dev-kvm-0"))
+    claims = [v1.Claim(namespace="ns", uid=f"u{i}", name=f"c{i}") for i in range(count)]
+    async with rig.channel(rig.settings.dra_socket) as channel:
+        response = await v1_grpc.DRAPluginStub(channel).NodePrepareResources(  # type: ignore[no-untyped-call]
+            v1.NodePrepareResourcesRequest(claims=claims)
+        )
+    errors = [response.claims[f"u{i}"].error for i in range(count)]
+    assert errors[:MAX_CLAIMS_PER_CALL] == [""] * MAX_CLAIMS_PER_CALL
+    assert set(errors[MAX_CLAIMS_PER_CALL:]) == {
+        f"more than {MAX_CLAIMS_PER_CALL} claims in one call; this one is not read"
+    }
+    assert rig.api.claim_reads == MAX_CLAIMS_PER_CALL
+
+
+@pytest.mark.parametrize("error", [TimeoutError(), RuntimeError(""), ApiError(0, "GET x: no answer within 5s")])
+async def test_every_failure_has_a_reason(rig: Rig, error: Exception) -> None:
+    rig.api.add_claim("ns", "ok", "u-ok", allocated("ate-dev-kvm-1"))
+    rig.api.claim_error = error
+    [result] = (await rig.plugin.driver.prepare([ClaimRef("ns", "u-ok", "ok")])).values()
+    assert result.error.startswith("cannot read claim ns/ok: ")
+    assert result.error.removeprefix("cannot read claim ns/ok: ") == (str(error) or type(error).__name__)
+
+
+async def test_claims_not_read_within_the_budget_fail_saying_so(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(service, "PREPARE_BUDGET_S", 0.05)
+    rig.api.add_claim("ns", "slow", "u-s", allocated("ate-dev-kvm-1"))
+    rig.api.hang = True
+    [result] = (await rig.plugin.driver.prepare([ClaimRef("ns", "u-s", "slow")])).values()
+    assert result.error == "claim ns/slow not read within 0.05s"
+    assert rig.sample("ate_devplugin_dra_claims_total", method="NodePrepareResources", result="error") == 1
+    rig.api.hang = False
+
+
+async def test_no_claim_read_outlives_a_call_the_kubelet_gave_up_on(rig: Rig) -> None:
+    rig.api.hang = True
+    call = asyncio.ensure_future(rig.plugin.driver.prepare([ClaimRef("ns", f"u{i}", f"c{i}") for i in range(3)]))
+    await until(lambda: rig.api.claim_reads == 3, "the reads under way")
+    call.cancel()
+    await until(lambda: rig.api.calls_cancelled == 3, "the reads cancelled with the call")
+    rig.api.hang = False
+
+
+async def test_a_bad_claim_name_fails_alone_and_is_never_asked_for(rig: Rig) -> None:
+    rig.api.add_claim("ns", "ok", "u-ok", allocated("ate-dev-kvm-1"))
+    refs = [ClaimRef("ns", "u1", "../../api/v1/x"), ClaimRef("a/b", "u2", "c"), ClaimRef("ns", "u-ok", "ok")]
+    results = await rig.plugin.driver.prepare(refs)
+    assert results["u1"].error == (
+        "claim ns/../../api/v1/x: claim name '../../api/v1/x' is not a valid object name (DNS-1123 subdomain)"
+    )
+    assert results["u2"].error == "claim a/b/c: namespace 'a/b' is not a valid namespace (DNS-1123 label)"
+    assert results["u-ok"].error == ""
+    assert rig.api.claim_reads == 1
+
+
+async def test_a_huge_registration_error_is_clipped_and_logged_once(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    huge = "e" * (1 << 20)
+    async with rig.channel(rig.settings.registration_socket) as channel:
+        stub = reg_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
+        for error in (huge, huge, huge, "other", huge):
+            await stub.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=False, error=error))
+    ready, why = rig.plugin.readiness()
+    assert not ready
+    assert why.startswith("DRA driver not registered with the kubelet: eee")
+    assert len(why) < MAX_REASON + 100
+    refusals = [r.getMessage() for r in caplog.records if "refused the DRA driver" in r.getMessage()]
+    assert len(refusals) == 2  # the huge one once, "other" once
+    assert max(len(line) for line in refusals) < MAX_REASON + 100
+
+
+async def test_stop_is_bounded_when_the_api_server_does_not_answer(rig: Rig) -> None:
+    rig.api.hang = True
+    await rig.plugin.stop(3.0)  # returns: the slices are the kubelet's to delete now
+    assert not os.path.exists(rig.settings.dra_socket)
+    assert rig.api.closed
