@@ -36,7 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--registry-dir", help=f"the kubelet's plugin registry (default {DEFAULTS['registry_dir']})")
     run.add_argument("--dra-dir", help=f"the DRA driver's socket directory (default {DEFAULTS['dra_dir']})")
     run.add_argument(
-        "--dra-slots", help=f"claims that can share each resource on a node (default {DEFAULTS['dra_slots']})"
+        "--dra-slots",
+        help=f"single-claim devices per resource on a node, beside the shareable one (default {DEFAULTS['dra_slots']})",
+    )
+    run.add_argument(
+        "--dra-sharing",
+        help="capacity: one shareable device per resource where the API server keeps it, plus the slots; "
+        f"slots: the slots only (default {DEFAULTS['dra_sharing']})",
     )
     run.add_argument(
         "--pod-resources",

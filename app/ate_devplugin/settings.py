@@ -18,6 +18,9 @@ ENV_PREFIX = "ATE_DEVPLUGIN_"
 DRA_DRIVER = "ate.dev"
 MODES = ("device-plugin", "dra", "both")
 MAX_DRA_SLOTS = 1024
+# capacity: a shareable device per resource where the API server keeps it, plus the slots;
+# slots: the slots only (docs/dra.md, "Sharing one /dev/kvm").
+DRA_SHARING = ("capacity", "slots")
 DEFAULTS = {
     "config": "",
     "device_root": "/dev",
@@ -32,6 +35,7 @@ DEFAULTS = {
     "registry_dir": "/var/lib/kubelet/plugins_registry",
     "dra_dir": "/var/lib/kubelet/plugins/" + DRA_DRIVER,
     "dra_slots": "32",
+    "dra_sharing": "capacity",
     # Which pods hold units, from the kubelet's PodResources API: on or off (off: the
     # fallback Lists cost measurable idle CPU, see README); its socket
     # (empty: pod-resources/kubelet.sock next to the plugin directory); the fallback
@@ -113,12 +117,13 @@ class PodResourcesSettings:
 
 @dataclass(frozen=True)
 class DraSettings:
-    """The DRA driver's part: this node, the kubelet's plugin directories, slots per resource."""
+    """The DRA driver's part: this node, the kubelet's plugin directories, how devices are shared."""
 
     node_name: str
     registry_dir: str
     dra_dir: str
     slots: int
+    sharing: str = DEFAULTS["dra_sharing"]
     driver: str = DRA_DRIVER
 
     @property
@@ -159,6 +164,7 @@ class Settings:
     registry_dir: str = DEFAULTS["registry_dir"]
     dra_dir: str = DEFAULTS["dra_dir"]
     dra_slots: int = int(DEFAULTS["dra_slots"])
+    dra_sharing: str = DEFAULTS["dra_sharing"]
     # --- which pods hold units (PodResources) ---
     pod_resources: bool = False
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -209,7 +215,7 @@ class Settings:
         )
 
     def for_dra(self) -> DraSettings:
-        return DraSettings(self.node_name, self.registry_dir, self.dra_dir, self.dra_slots)
+        return DraSettings(self.node_name, self.registry_dir, self.dra_dir, self.dra_slots, self.dra_sharing)
 
     def for_daemon(self) -> DaemonSettings:
         t = self.timing
@@ -244,6 +250,9 @@ def resolve(flags: Mapping[str, str | None], env: Mapping[str, str]) -> Settings
     slots = pick("dra_slots")
     if not slots.isdigit() or not 1 <= int(slots) <= MAX_DRA_SLOTS:
         raise ConfigError("dra_slots", f"must be an integer from 1 to {MAX_DRA_SLOTS} (got {slots!r})")
+    sharing = pick("dra_sharing").lower()
+    if sharing not in DRA_SHARING:
+        raise ConfigError("dra_sharing", f"must be one of {', '.join(DRA_SHARING)} (got {sharing!r})")
     pod_resources = pick("pod_resources").lower()
     if pod_resources not in ("on", "off"):
         raise ConfigError("pod_resources", f"must be on or off (got {pod_resources!r})")
@@ -267,6 +276,7 @@ def resolve(flags: Mapping[str, str | None], env: Mapping[str, str]) -> Settings
         registry_dir=_absolute_dir(pick("registry_dir"), "registry_dir"),
         dra_dir=_absolute_dir(pick("dra_dir"), "dra_dir"),
         dra_slots=int(slots),
+        dra_sharing=sharing,
         pod_resources=pod_resources == "on",
         pod_resources_socket=os.path.normpath(pod_socket),
         pod_resources_interval_s=interval,
