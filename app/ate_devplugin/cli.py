@@ -31,6 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log-format", help="auto, json or text (default auto: json unless on a terminal)")
     run.add_argument("--log-level", help="debug, info, warning or error (default info)")
     run.add_argument("--cdi-dir", help=f"where CDI specs are written (default {DEFAULTS['cdi_dir']})")
+    run.add_argument(
+        "--socket-suffix",
+        help="a suffix of the device plugin sockets' names, e.g. the pod's UID: two plugin pods can then "
+        "serve one node at once (rolling update, Kubernetes 1.37+; default none)",
+    )
     run.add_argument("--mode", help="device-plugin (default), dra, or both")
     run.add_argument("--node-name", help="this node's name, required with DRA (default: $NODE_NAME)")
     run.add_argument("--registry-dir", help=f"the kubelet's plugin registry (default {DEFAULTS['registry_dir']})")

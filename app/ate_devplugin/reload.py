@@ -20,9 +20,12 @@ class ConfigReader:
     long as it stays the same, and ``ate_devplugin_config_rejected`` is 1 meanwhile.
     """
 
-    def __init__(self, path: Path, plugin_dir: str, metrics: Metrics, timeout_s: float) -> None:
+    def __init__(
+        self, path: Path, plugin_dir: str, metrics: Metrics, timeout_s: float, socket_suffix: str = ""
+    ) -> None:
         self.path = path
         self.plugin_dir = plugin_dir
+        self.socket_suffix = socket_suffix
         self.metrics = metrics
         self.timeout_s = timeout_s
         self._worker = Worker("config reload")
@@ -31,11 +34,11 @@ class ConfigReader:
 
     async def read(self, running: tuple[ResourceConfig, ...]) -> tuple[ResourceConfig, ...] | None:
         """The file's resources if they differ from ``running``; None to keep them."""
-        path, plugin_dir, previous = self.path, self.plugin_dir, self._data
+        path, plugin_dir, previous, suffix = self.path, self.plugin_dir, self._data, self.socket_suffix
         log.debug("reading the config file", extra={"path": str(path)})
         try:
             data, resources = await self._worker.call(
-                lambda: config.read_again(path, plugin_dir, previous), self.timeout_s
+                lambda: config.read_again(path, plugin_dir, previous, suffix), self.timeout_s
             )
         except (ConfigError, TimeoutError, WorkerBusyError) as exc:
             self._data = None  # read it again next time, even if unchanged

@@ -69,7 +69,7 @@ STOP_SIGNALS = (
 def run(settings: Settings) -> int:
     """Loads the resources (and, with DRA, the API server's credentials), then serves until stopped."""
     try:
-        resources = config.load(settings.config, settings.plugin_dir)
+        resources = config.load(settings.config, settings.plugin_dir, settings.socket_suffix)
         kube = None
         if settings.dra:
             from ate_devplugin.dra.kube import connect  # device-plugin mode loads no Kubernetes client
@@ -136,7 +136,9 @@ def build(
     """The daemon and its components; tests pass fake ``ports`` and ``discover``."""
     reader = None
     if settings.config is not None:
-        reader = ConfigReader(settings.config, settings.plugin_dir, metrics, settings.timing.reload_timeout_s)
+        reader = ConfigReader(
+            settings.config, settings.plugin_dir, metrics, settings.timing.reload_timeout_s, settings.socket_suffix
+        )
     parts = components(settings, metrics, tracing, kube, ports or host_ports(settings, metrics, tracing))
     return Daemon(settings.for_daemon(), resources, parts, metrics, reader, discover)
 

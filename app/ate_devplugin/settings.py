@@ -7,11 +7,12 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ate_devplugin.config import ConfigError, ResourceConfig
+from ate_devplugin.config import ConfigError, ResourceConfig, socket_name
 
 ENV_PREFIX = "ATE_DEVPLUGIN_"
 # The DRA driver name: one driver for every configured resource (see docs/dra.md).
@@ -29,6 +30,10 @@ DEFAULTS = {
     "log_format": "auto",
     "log_level": "info",
     "cdi_dir": "/var/run/cdi",
+    # A suffix of the device plugin sockets' names (the chart passes the pod's UID on
+    # Kubernetes 1.37+, whose kubelet keeps one endpoint per socket): two plugin pods can
+    # then serve a node at once while a rolling update overlaps them.
+    "socket_suffix": "",
     # --- DRA (mode dra or both) ---
     "mode": "device-plugin",
     "node_name": "",  # falls back to NODE_NAME, which the chart sets from the downward API
@@ -44,6 +49,7 @@ DEFAULTS = {
     "pod_resources_socket": "",
     "pod_resources_interval": "60",
 }
+SOCKET_SUFFIX = re.compile(r"([A-Za-z0-9][A-Za-z0-9-]{0,63})?")
 LOG_FORMATS = ("auto", "json", "text")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 KUBELET_SOCKET = "kubelet.sock"
@@ -87,6 +93,7 @@ class DevicePluginSettings:
     """The device plugin's part: the kubelet's socket directory and the agents' timing."""
 
     plugin_dir: str
+    socket_suffix: str
     stream_grace_s: float
     register_timeout_s: float
     backoff_initial_s: float
@@ -100,7 +107,7 @@ class DevicePluginSettings:
         return os.path.join(self.plugin_dir, KUBELET_SOCKET)
 
     def socket_path(self, resource: ResourceConfig) -> str:
-        return os.path.join(self.plugin_dir, resource.socket_name)
+        return os.path.join(self.plugin_dir, socket_name(resource.name, self.socket_suffix))
 
 
 @dataclass(frozen=True)
@@ -158,6 +165,7 @@ class Settings:
     timing: Timing = field(default_factory=Timing)
     # Where the daemon writes the CDI specs of resources that answer Allocate with CDI names.
     cdi_dir: str = DEFAULTS["cdi_dir"]
+    socket_suffix: str = ""
     # --- DRA (mode dra or both) ---
     mode: str = DEFAULTS["mode"]
     node_name: str = ""
@@ -194,6 +202,7 @@ class Settings:
         t = self.timing
         return DevicePluginSettings(
             plugin_dir=self.plugin_dir,
+            socket_suffix=self.socket_suffix,
             stream_grace_s=t.stream_grace_s,
             register_timeout_s=t.register_timeout_s,
             backoff_initial_s=t.backoff_initial_s,
@@ -241,6 +250,12 @@ def resolve(flags: Mapping[str, str | None], env: Mapping[str, str]) -> Settings
     if log_level not in LOG_LEVELS:
         raise ConfigError("log_level", f"must be one of {', '.join(LOG_LEVELS)} (got {log_level!r})")
     config = pick("config")
+    suffix = pick("socket_suffix")
+    if not SOCKET_SUFFIX.fullmatch(suffix):
+        raise ConfigError(
+            "socket_suffix",
+            f"must be up to 64 letters, digits and '-', not starting with '-' (got {suffix!r})",
+        )
     mode = pick("mode").lower()
     if mode not in MODES:
         raise ConfigError("mode", f"must be one of {', '.join(MODES)} (got {mode!r})")
@@ -271,6 +286,7 @@ def resolve(flags: Mapping[str, str | None], env: Mapping[str, str]) -> Settings
         log_format=log_format,
         log_level=log_level,
         cdi_dir=_absolute_dir(pick("cdi_dir"), "cdi_dir"),
+        socket_suffix=suffix,
         mode=mode,
         node_name=node_name,
         registry_dir=_absolute_dir(pick("registry_dir"), "registry_dir"),

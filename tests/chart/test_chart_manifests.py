@@ -169,7 +169,10 @@ def test_daemonset_security(helm: Helm, ci_values: Path) -> None:
         assert "--pod-resources=off" in c["args"]
 
     strategy = ds["spec"]["updateStrategy"]
-    if strategy["type"] == "RollingUpdate":
+    if strategy["type"] == "RollingUpdate" and mode == "device-plugin":  # helm's default Kubernetes: 1.37
+        assert strategy["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+        assert "--socket-suffix=$(K8S_POD_UID)" in c["args"]
+    elif strategy["type"] == "RollingUpdate":
         assert strategy["rollingUpdate"]["maxSurge"] == 0
         assert strategy["rollingUpdate"]["maxUnavailable"] == 1
 
@@ -183,7 +186,7 @@ def test_daemonset_security(helm: Helm, ci_values: Path) -> None:
 
 
 def test_daemonset_defaults(any_helm: Helm) -> None:
-    ds = one(any_helm.template(), "DaemonSet")
+    ds = one(any_helm.template(kube_version="1.35.4"), "DaemonSet")  # 1.37's rollout: the test below
     pod = ds["spec"]["template"]["spec"]
     c = _container(ds)
     assert pod["priorityClassName"] == "system-node-critical"
@@ -195,6 +198,25 @@ def test_daemonset_defaults(any_helm: Helm) -> None:
     assert c["ports"] == [{"name": "metrics", "containerPort": 9477, "protocol": "TCP"}]
     assert "--metrics-address=0.0.0.0:9477" in c["args"]
     assert c["image"] == "ate-devplugin:0.1.0"
+
+
+@pytest.mark.parametrize(
+    ("kube", "mode", "overlap"),
+    [("1.35.4", "device-plugin", False), ("1.36.3", "device-plugin", False), ("1.37.2", "device-plugin", True),
+     ("1.37.2", "both", False), ("1.37.2", "dra", False)],
+)  # fmt: skip
+def test_pods_overlap_in_a_rollout_only_where_the_kubelet_keeps_both(
+    any_helm: Helm, kube: str, mode: str, overlap: bool
+) -> None:
+    ds = one(any_helm.template(sets=[f"dra.mode={mode}"], kube_version=kube), "DaemonSet")
+    rolling = ds["spec"]["updateStrategy"]["rollingUpdate"]
+    suffixed = "--socket-suffix=$(K8S_POD_UID)" in _container(ds)["args"]
+    if overlap:
+        assert (rolling, suffixed) == ({"maxSurge": 1, "maxUnavailable": 0}, True)
+    else:
+        assert (rolling, suffixed) == ({"maxSurge": 0, "maxUnavailable": 1}, False)
+    [uid] = [e for e in _container(ds)["env"] if e["name"] == "K8S_POD_UID"]
+    assert uid["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
 
 
 def test_the_cdi_directory_is_mounted_only_when_cdi_is_used(

@@ -20,6 +20,7 @@ from ate_devplugin.config.model import (
     MountConfig,
     ResourceConfig,
     max_units,
+    socket_name,
 )
 from ate_devplugin.config.schema import DOCUMENT
 
@@ -71,10 +72,10 @@ def resource_from(m: dict[str, Any], where: str) -> ResourceConfig:
     return resource
 
 
-def check_across(resources: tuple[ResourceConfig, ...], plugin_dir: str | None = None) -> None:
+def check_across(resources: tuple[ResourceConfig, ...], plugin_dir: str | None = None, socket_suffix: str = "") -> None:
     """The rules across resources: unique names and socket files, (given the plugin
-    directory) socket paths that fit a unix socket address, and units in all within the
-    memory budget."""
+    directory) socket paths that fit a unix socket address, with ``socket_suffix`` in
+    their names, and units in all within the memory budget."""
     seen: dict[str, int] = {}
     for i, r in enumerate(resources):
         for key in (r.name, r.socket_name):
@@ -82,7 +83,7 @@ def check_across(resources: tuple[ResourceConfig, ...], plugin_dir: str | None =
                 raise ConfigError(f"resources[{i}].name", f"{r.name!r} collides with resources[{seen[key]}]")
             seen[key] = i
         if plugin_dir is not None:
-            path = os.path.join(plugin_dir, r.socket_name)
+            path = os.path.join(plugin_dir, socket_name(r.name, socket_suffix))
             if len(os.fsencode(path)) > MAX_SOCKET_PATH:
                 raise ConfigError(
                     f"resources[{i}].name",
