@@ -8,7 +8,7 @@ UNIT_COVERAGE_FLOOR ?= 85
 # perhaps this checkout: it gets a venv of Debian's python3 and a copy of the sources in /tmp.
 NONROOT_VENV ?= /tmp/ate-devplugin-nonroot-venv
 
-.PHONY: demo test e2e lint unit unit-nonroot setup-demo setup-test proto generate bench bench-docs
+.PHONY: demo test e2e lint unit unit-nonroot setup-demo setup-test proto generate bench bench-docs dashboards-png
 
 demo: setup-demo
 	$(PYTHON) -m tools.demo
@@ -71,6 +71,7 @@ generate: proto
 	$(PYTHON) tools/gen-config-schema.py
 	$(PYTHON) dashboards/generate.py
 	$(PYTHON) tools/sync-chart-files.py
+	$(PYTHON) tools/gen-chart-args.py
 	$(PYTHON) tools/import-graph.py --doc docs/architecture.md
 	$(PYTHON) -m bench.quotes
 
@@ -81,3 +82,8 @@ bench: setup-demo
 # rewritten from bench/results (tests/docs fails when they differ).
 bench-docs:
 	$(PYTHON) -m bench.quotes
+
+# The dashboards' pictures in docs/ (docs/dashboards.md): as root, two daemons under the kubelet
+# bench through a healthy spell and a lost device, drawn by the Perses panels in Chromium.
+dashboards-png: setup-test
+	$(PYTHON) -m tools.render_dashboards

@@ -1,35 +1,47 @@
-"""Writes the Grafana dashboards in this folder from this file, their one source.
+"""Writes the dashboards in this folder, Grafana's and Perses', from this file, their one source.
 
-    python dashboards/generate.py          # rewrite the JSON files
-    python dashboards/generate.py --check  # exit 1 if the JSON files differ from this code
+    python dashboards/generate.py          # rewrite the generated files
+    python dashboards/generate.py --check  # exit 1 if a generated file differs from this code
 
-Built with Grafana's own SDK, grafana-foundation-sdk (pinned in pyproject.toml); this file
-holds only the project's conventions (datasource variable, units, panel styles) and the
-panels. A dashboard is a list of rows, each a list of panels that the SDK lays out left to
-right, wrapping at Grafana's 24 columns (keep a row's widths adding up to lines of 24).
+The panels are defined once, as the project's own small model (``Stat``, ``TimeSeries``,
+``StateTimeline``, ``Table``, grouped in rows of a ``Board``); two writers turn a board into
+a Grafana dashboard (with Grafana's own SDK, grafana-foundation-sdk, pinned in
+pyproject.toml) and into a Perses dashboard (the ``Dashboard`` resource of Perses' API,
+with the upstream panel plugins: StatChart, TimeSeriesChart, StatusHistoryChart, Table).
+Generated:
 
-To add a panel: append a ``stat``, ``timeseries``, ``state_timeline`` or ``table`` call to
-its row in ``fleet()`` or ``node()``, run this file and tools/sync-chart-files.py (the
-chart ships a copy). The live test runs the new query against the fleet scenario of
-tests/harness/monitoring.py, so the scenario must produce the series it reads; queries on
-the DRA driver's series (ate_devplugin_dra_*, in the collapsed "DRA driver" rows) are run by
-tests/e2e/test_dra.py instead, as the PodResources ones are by test_pods_holding_units.py.
+    ate-devplugin-{fleet,node}.json         Grafana (the chart ships them as ConfigMaps)
+    perses/ate-devplugin-{fleet,node}.json  Perses, for `percli apply` (project ate-devplugin)
+    perses/persesdashboards.yaml            the same as PersesDashboard objects (perses-operator)
 
-tests/dashboards/test_dashboards.py fails when the committed JSON drifts from this code,
-checks the conventions (datasource variable, units, $__rate_interval, stable uids, no
-overlapping panels) and runs every query against a real Prometheus that scraped the daemon.
+A row's panels are laid out left to right, wrapping at 24 columns (keep a row's widths
+adding up to lines of 24). To add a panel: append a ``stat``, ``timeseries``,
+``state_timeline`` or ``table`` call to its row in ``fleet()`` or ``node()``, run this file
+and tools/sync-chart-files.py (the chart ships a copy). The live test runs the new query
+against the fleet scenario of tests/harness/monitoring.py, so the scenario must produce
+the series it reads; queries on the DRA driver's series (ate_devplugin_dra_*, in the
+collapsed "DRA driver" rows) are run by tests/e2e/test_dra.py instead, as the PodResources
+ones (collapsed "Pods" rows) are by test_pods_holding_units.py.
+
+tests/dashboards/ fails when a generated file drifts from this code, checks the conventions
+and grafana/dashboard-linter's rules, runs every query against a real Prometheus that
+scraped the daemon, and renders the Perses dashboards in Chromium (docs/dashboards.md).
 
 Label sets are those of the chart's ServiceMonitor: job, instance, namespace, pod, node,
-plus resource_name on the daemon's own series.
+plus resource_name on the daemon's own series, and cluster where the Prometheus adds one
+(a hidden variable, as the kubernetes-mixin dashboards have it: empty matches no label).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import yaml
 from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import prometheus, statetimeline
@@ -48,133 +60,317 @@ DS = m.DataSourceRef(type_val="prometheus", uid="${datasource}")
 TAGS = ["ate-devplugin", "kubernetes", "device-plugin"]
 FLEET_UID = "ate-devplugin-fleet"
 NODE_UID = "ate-devplugin-node"
+PERSES_PROJECT = "ate-devplugin"
 
-# Label matchers shared by every query; Grafana fills the variables.
-DAEMON = 'job=~"$job", node=~"$node"'
+# Label matchers shared by every query; Grafana and Perses fill the variables.
+DAEMON = 'cluster="$cluster", job=~"$job", instance=~"$instance", node=~"$node"'
 RES = DAEMON + ', resource_name=~"$resource"'
 
+# Grafana's named colours and the same ones as hex for Perses.
 GREEN, RED = "green", "red"
+HEX = {GREEN: "#73BF69", RED: "#F2495C", "orange": "#FF9830"}
 
-Panel = Builder[m.Panel]
+
+# --- the project's panel model ----------------------------------------------------------
+
+Step = tuple[float | None, str]  # from this value up (None: from the lowest), this colour
+ValueText = tuple[int, str, str]  # a value, the text shown for it, its colour
+
+
+@dataclass(frozen=True)
+class Query:
+    expr: str
+    legend: str = ""
+    instant: bool = False
+    exemplar: bool = False
+    color: str = ""  # one colour for all its series (green: success, red: failure); else the palette
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    description: str
+    queries: Sequence[Query]
+    unit: str  # Grafana's unit id; UNITS gives the Perses format
+    width: int
+    height: int
+
+
+@dataclass(frozen=True)
+class Stat(Panel):
+    steps: Sequence[Step]
+    mappings: Sequence[ValueText]
+    label_as_value: str = ""  # show this label's value instead of the number (e.g. version)
+
+
+@dataclass(frozen=True)
+class TimeSeries(Panel):
+    bars: bool = False
+    stack: bool = False
+    list_legend: bool = False  # names only, side by side; else a table with the last and highest value
+
+
+@dataclass(frozen=True)
+class StateTimeline(Panel):
+    mappings: Sequence[ValueText] = ()
+
+
+@dataclass(frozen=True)
+class ColumnStyle:
+    """How one table column is shown: its value mapping, threshold colours, a link."""
+
+    mappings: Sequence[ValueText] = ()
+    steps: Sequence[Step] = ()
+    link: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class Table(Panel):
+    columns: dict[str, str] = field(default_factory=dict)  # label or "#A" (query A's value) -> header
+    styles: dict[str, ColumnStyle] = field(default_factory=dict)  # header -> style
+    sort_by: str = ""
+    problems: bool = False  # every value column counts problems: 0 is fine, more is not
+
+
+@dataclass(frozen=True)
+class Annotation:
+    name: str
+    expr: str
+    text: str
+    color: str
+
+
+@dataclass(frozen=True)
+class Board:
+    uid: str
+    title: str
+    description: str
+    rows: Sequence[tuple[str, Sequence[Panel]]]
+    collapsed: Sequence[tuple[str, Sequence[Panel]]]  # closed until clicked: modes many nodes do not run
+    multi_node: bool
+    annotations: Sequence[Annotation] = ()
+
+
+# --- building blocks ---------------------------------------------------------------------
+
+
+def target(expr: str, legend: str = "", *, instant: bool = False, exemplar: bool = False, color: str = "") -> Query:
+    return Query(expr, legend, instant, exemplar, color)
+
+
+def good_and_bad(
+    counter: str, selector: str, label: str, good: str, *, by: str = "", fn: str = "increase"
+) -> list[Query]:
+    """Two queries of a counter: its series with ``label`` = ``good`` in green, the others in red."""
+    group = f"sum by ({by}, {label})" if by else f"sum by ({label})"
+    legend = (f"{{{{{by}}}}} " if by else "") + f"{{{{{label}}}}}"
+    return [
+        target(f'{group} ({fn}({counter}{{{selector}, {label}{op}"{good}"}}[$__rate_interval]))', legend, color=color)
+        for op, color in (("=", GREEN), ("!=", RED))
+    ]
+
+
+REGISTERED = [(0, "not registered", RED), (1, "registered", GREEN)]
+UP = [(0, "down", RED), (1, "up", GREEN)]
+PRESENT = [(0, "absent", RED), (1, "present", GREEN)]
+YES_IS_BAD = [(0, "no", GREEN), (1, "yes", RED)]
+OK_IF_ZERO: list[Step] = [(None, GREEN), (1, RED)]
+OK_IF_POSITIVE: list[Step] = [(None, RED), (1, GREEN)]
+NEUTRAL: list[Step] = [(None, GREEN)]
+
+
+def stat(
+    title: str,
+    description: str,
+    targets: Sequence[Query],
+    unit: str = "none",
+    *,
+    steps: Sequence[Step] = NEUTRAL,
+    mappings: Sequence[ValueText] = (),
+    width: int = 3,
+    label_as_value: str = "",
+) -> Stat:
+    return Stat(title, description, targets, unit, width, 4, steps, mappings, label_as_value)
+
+
+def timeseries(
+    title: str,
+    description: str,
+    targets: Sequence[Query],
+    unit: str,
+    *,
+    width: int = 12,
+    height: int = 8,
+    bars: bool = False,
+    stack: bool = False,
+) -> TimeSeries:
+    # Bars count events, the names say enough, unless there is one per node (a fleet: a table scrolls).
+    list_legend = bars and not any("{{node}}" in t.legend for t in targets)
+    return TimeSeries(title, description, targets, unit, width, height, bars, stack, list_legend)
+
+
+def state_timeline(
+    title: str, description: str, targets: Sequence[Query], mappings: Sequence[ValueText], *, width: int = 12
+) -> StateTimeline:
+    return StateTimeline(title, description, targets, "none", width, 8, mappings)
+
+
+def table(
+    title: str,
+    description: str,
+    targets: Sequence[Query],
+    columns: dict[str, str],
+    *,
+    styles: dict[str, ColumnStyle] | None = None,
+    sort_by: str = "",
+    problems: bool = False,
+    width: int = 24,
+    height: int = 8,
+) -> Table:
+    """Instant queries joined on their labels; ``columns`` names the columns ("#A" for query A's value)."""
+    return Table(title, description, targets, "none", width, height, columns, styles or {}, sort_by, problems)
+
+
+def quantiles(selector: str, by: str, *qs: float, exemplar_on: float | None = None) -> list[Query]:
+    group = f"{by}, le" if by else "le"
+    out = []
+    for q in qs:
+        # >= 0 drops the NaN of windows without a call: gaps, not "NaN" in the legends.
+        expr = (
+            f"histogram_quantile({q}, sum by ({group}) "
+            f"(rate(ate_devplugin_allocate_duration_seconds_bucket{{{selector}}}[$__rate_interval]))) >= 0"
+        )
+        prefix = f"p{round(q * 100)}"
+        legend = f"{prefix} {{{{{by}}}}}" if by else prefix
+        out.append(target(expr, legend, exemplar=q == exemplar_on))
+    return out
+
+
+def rows_layout(panels: Sequence[Panel]) -> list[tuple[Panel, int, int]]:
+    """(panel, x, y) within a row: left to right, a new line where the next one does not fit."""
+    out, x, y, line_height = [], 0, 0, 0
+    for panel in panels:
+        if x + panel.width > 24:
+            x, y, line_height = 0, y + line_height, 0
+        out.append((panel, x, y))
+        x += panel.width
+        line_height = max(line_height, panel.height)
+    return out
+
+
+# --- variables (shared by both writers) -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    label: str
+    selector: str  # the series whose label values are offered
+    multi: bool
+    hidden: bool = False
+
+
+def variables(*, multi_node: bool) -> list[Variable]:
+    daemons = "ate_devplugin_build_info"
+    return [
+        Variable("cluster", "Cluster", daemons, multi=False, hidden=True),
+        Variable("job", "Job", f'{daemons}{{cluster="$cluster"}}', multi=True),
+        Variable("node", "Node", f'{daemons}{{cluster="$cluster", job=~"$job"}}', multi=multi_node),
+        Variable("instance", "Instance", f'{daemons}{{cluster="$cluster", job=~"$job", node=~"$node"}}', multi=True),
+        Variable("resource", "Resource", f"ate_devplugin_devices{{{DAEMON}}}", multi=True),
+    ]
+
+
+def label_name(variable: Variable) -> str:
+    return "resource_name" if variable.name == "resource" else variable.name
+
+
+# --- Grafana -----------------------------------------------------------------------------
+
+AnyBuilder = Builder[m.Panel]
 AnyPanel = TypeVar("AnyPanel", stat_panel.Panel, timeseries_panel.Panel, statetimeline.Panel, table_panel.Panel)
 
 
-# --- building blocks -----------------------------------------------------------------
-
-
-def target(expr: str, legend: str = "", *, instant: bool = False, exemplar: bool = False) -> prometheus.Dataquery:
-    query = (
+def grafana_target(query: Query, ref_id: str) -> prometheus.Dataquery:
+    built = (
         prometheus.Dataquery()
         .datasource(DS)
         .editor_mode(pm.QueryEditorMode.CODE)
-        .expr(expr)
-        .legend_format(legend or "__auto")
-        .exemplar(exemplar)
+        .expr(query.expr)
+        .legend_format(query.legend or "__auto")
+        .exemplar(query.exemplar)
+        .ref_id(ref_id)
     )
-    return query.instant().format(pm.PromQueryFormat.TABLE) if instant else query.range()
+    return built.instant().format(pm.PromQueryFormat.TABLE) if query.instant else built.range()
 
 
-def thresholds(*steps: tuple[float | None, str]) -> db.ThresholdsConfig:
+def grafana_thresholds(steps: Sequence[Step]) -> db.ThresholdsConfig:
     return db.ThresholdsConfig().mode(m.ThresholdsMode.ABSOLUTE).steps([m.Threshold(v, color) for v, color in steps])
 
 
-def value_map(*entries: tuple[int, str, str]) -> list[m.ValueMapping]:
+def grafana_mappings(entries: Sequence[ValueText]) -> list[m.ValueMapping]:
+    if not entries:
+        return []
     results = {
         str(v): m.ValueMappingResult(text=text, color=color, index=i) for i, (v, text, color) in enumerate(entries)
     }
     return [m.ValueMap(options=results)]
 
 
-REGISTERED = value_map((0, "not registered", RED), (1, "registered", GREEN))
-UP = value_map((0, "down", RED), (1, "up", GREEN))
-PRESENT = value_map((0, "absent", RED), (1, "present", GREEN))
-OK_IF_ZERO = thresholds((None, GREEN), (1, RED))
-OK_IF_POSITIVE = thresholds((None, RED), (1, GREEN))
-NEUTRAL = thresholds((None, GREEN))
-
-
-def common(
-    panel: AnyPanel,
-    title: str,
-    description: str,
-    targets: Sequence[prometheus.Dataquery],
-    unit: str,
-    width: int,
-    height: int,
-) -> AnyPanel:
+def grafana_common(builder: AnyPanel, panel: Panel) -> AnyPanel:
     """What every panel has: its queries (refIds A, B, ...) through the datasource variable, a unit, a size."""
-    panel.title(title).description(description).datasource(DS).unit(unit).span(width).height(height)
-    for i, t in enumerate(targets):
-        panel.with_target(t.ref_id(chr(ord("A") + i)))
-    return panel
+    builder.title(panel.title).description(panel.description).datasource(DS).unit(panel.unit)
+    builder.span(panel.width).height(panel.height)
+    for i, query in enumerate(panel.queries):
+        ref_id = chr(ord("A") + i)
+        builder.with_target(grafana_target(query, ref_id))
+        if query.color:
+            fixed = {"mode": "fixed", "fixedColor": query.color}
+            builder.override_by_query(ref_id, [m.DynamicConfigValue("color", fixed)])
+    return builder
 
 
-def stat(
-    title: str,
-    description: str,
-    targets: Sequence[prometheus.Dataquery],
-    unit: str = "none",
-    *,
-    steps: db.ThresholdsConfig = NEUTRAL,
-    mappings: list[m.ValueMapping] | None = None,
-    width: int = 3,
-    text_mode: c.BigValueTextMode = c.BigValueTextMode.AUTO,
-) -> Panel:
+def grafana_stat(panel: Stat) -> AnyBuilder:
     return (
-        common(stat_panel.Panel(), title, description, targets, unit, width, 4)
+        grafana_common(stat_panel.Panel(), panel)
         .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False))
         .color_mode(c.BigValueColorMode.BACKGROUND)
         .graph_mode(c.BigValueGraphMode.NONE)
-        .text_mode(text_mode)
+        .text_mode(c.BigValueTextMode.NAME if panel.label_as_value else c.BigValueTextMode.AUTO)
         .justify_mode(c.BigValueJustifyMode.AUTO)
         .orientation(c.VizOrientation.AUTO)
         .color_scheme(db.FieldColor().mode(m.FieldColorModeId.THRESHOLDS))
-        .thresholds(steps)
-        .mappings(mappings or [])
+        .thresholds(grafana_thresholds(panel.steps))
+        .mappings(grafana_mappings(panel.mappings))
     )
 
 
-def timeseries(
-    title: str,
-    description: str,
-    targets: Sequence[prometheus.Dataquery],
-    unit: str,
-    *,
-    width: int = 12,
-    bars: bool = False,
-    stack: bool = False,
-) -> Panel:
+def grafana_timeseries(panel: TimeSeries) -> AnyBuilder:
     return (
-        common(timeseries_panel.Panel(), title, description, targets, unit, width, 8)
+        grafana_common(timeseries_panel.Panel(), panel)
         .legend(
+            # Bars count events: a list of names; lines: a table with the last and highest value.
             cb.VizLegendOptions()
-            .display_mode(c.LegendDisplayMode.TABLE)
+            .display_mode(c.LegendDisplayMode.LIST if panel.list_legend else c.LegendDisplayMode.TABLE)
             .placement(c.LegendPlacement.BOTTOM)
             .show_legend(True)
-            .calcs(["lastNotNull", "max"])
+            .calcs([] if panel.list_legend else ["lastNotNull", "max"])
         )
         .tooltip(cb.VizTooltipOptions().mode(c.TooltipDisplayMode.MULTI).sort(c.SortOrder.DESCENDING))
         .min(0)
         .color_scheme(db.FieldColor().mode(m.FieldColorModeId.PALETTE_CLASSIC))
-        .draw_style(c.GraphDrawStyle.BARS if bars else c.GraphDrawStyle.LINE)
+        .draw_style(c.GraphDrawStyle.BARS if panel.bars else c.GraphDrawStyle.LINE)
         .line_width(1)
-        .fill_opacity(60 if bars else 10)
+        .fill_opacity(60 if panel.bars else 10)
         .show_points(c.VisibilityMode.NEVER)
         .span_nulls(False)
-        .stacking(cb.StackingConfig().mode(c.StackingMode.NORMAL if stack else c.StackingMode.NONE).group("A"))
+        .stacking(cb.StackingConfig().mode(c.StackingMode.NORMAL if panel.stack else c.StackingMode.NONE).group("A"))
     )
 
 
-def state_timeline(
-    title: str,
-    description: str,
-    targets: Sequence[prometheus.Dataquery],
-    mappings: list[m.ValueMapping],
-    *,
-    width: int = 12,
-) -> Panel:
-    panel = (
-        common(statetimeline.Panel(), title, description, targets, "none", width, 8)
+def grafana_state_timeline(panel: StateTimeline) -> AnyBuilder:
+    builder = (
+        grafana_common(statetimeline.Panel(), panel)
         .merge_values(True)
         .show_value(c.VisibilityMode.NEVER)
         .align_value(c.TimelineValueAlignment.LEFT)
@@ -187,46 +383,27 @@ def state_timeline(
         )
         .tooltip(cb.VizTooltipOptions().mode(c.TooltipDisplayMode.SINGLE).sort(c.SortOrder.NONE))
         .color_scheme(db.FieldColor().mode(m.FieldColorModeId.THRESHOLDS))
-        .thresholds(NEUTRAL)
-        .mappings(mappings)
+        .thresholds(grafana_thresholds(NEUTRAL))
+        .mappings(grafana_mappings(panel.mappings))
         .fill_opacity(80)
         .line_width(0)
     )
-    options = panel.build().options
+    options = builder.build().options
     assert isinstance(options, statetimeline_model.Options)
     options.per_page = None  # the SDK's default (20) would page the rows of a large fleet; show them all
-    return panel
+    return builder
 
 
-Override = tuple[str, list[m.DynamicConfigValue]]
-
-
-def by_name(name: str, *properties: tuple[str, object]) -> Override:
-    """Field overrides for the column ``name``; builder values (thresholds) are built."""
-    return name, [m.DynamicConfigValue(k, v.build() if isinstance(v, Builder) else v) for k, v in properties]
-
-
-def table(
-    title: str,
-    description: str,
-    targets: Sequence[prometheus.Dataquery],
-    columns: dict[str, str],
-    *,
-    overrides: Sequence[Override] = (),
-    sort_by: str = "",
-    width: int = 24,
-    height: int = 8,
-) -> Panel:
-    """Instant queries joined on their labels; ``columns`` names the columns ("#A" for query A's value)."""
-    rename = {(f"Value {k}" if k.startswith("#") else k): v for k, v in columns.items()}
-    if len(targets) == 1 and "#A" in columns:
-        rename["Value"] = columns["#A"]  # Grafana omits the "#A" when there is one query
-    panel = (
-        common(table_panel.Panel(), title, description, targets, "none", width, height)
+def grafana_table(panel: Table) -> AnyBuilder:
+    rename = {(f"Value {k}" if k.startswith("#") else k): v for k, v in panel.columns.items()}
+    if len(panel.queries) == 1 and "#A" in panel.columns:
+        rename["Value"] = panel.columns["#A"]  # Grafana omits the "#A" when there is one query
+    builder = (
+        grafana_common(table_panel.Panel(), panel)
         .show_header(True)
         .cell_height(c.TableCellHeight.SM)
         .footer(cb.TableFooterOptions().show(False).reducer(["sum"]))
-        .sort_by([cb.TableSortByFieldState().display_name(sort_by).desc(False)] if sort_by else [])
+        .sort_by([cb.TableSortByFieldState().display_name(panel.sort_by).desc(panel.problems)] if panel.sort_by else [])
         .align(c.FieldTextAlignment.AUTO)
         .cell_options(c.TableAutoCellOptions())
         .with_transformation(m.DataTransformerConfig("merge", options={}))
@@ -236,54 +413,52 @@ def table(
             )
         )
     )
-    for name, properties in overrides:
-        panel.override_by_name(name, properties)
-    return panel
+    for name, style in panel.styles.items():
+        properties: list[m.DynamicConfigValue] = []
+        if style.link:
+            properties.append(m.DynamicConfigValue("links", [style.link]))
+        if style.mappings:
+            properties.append(m.DynamicConfigValue("mappings", grafana_mappings(style.mappings)))
+        if style.steps:
+            properties.append(m.DynamicConfigValue("thresholds", grafana_thresholds(style.steps).build()))
+        if style.mappings or style.steps:
+            properties.append(m.DynamicConfigValue("custom.cellOptions", {"type": "color-text"}))
+            properties.append(m.DynamicConfigValue("decimals", 0))
+        builder.override_by_name(name, properties)
+    return builder
 
 
-def quantiles(selector: str, by: str, *qs: float, exemplar_on: float | None = None) -> list[prometheus.Dataquery]:
-    group = f"{by}, le" if by else "le"
-    out = []
-    for q in qs:
-        expr = (
-            f"histogram_quantile({q}, sum by ({group}) "
-            f"(rate(ate_devplugin_allocate_duration_seconds_bucket{{{selector}}}[$__rate_interval])))"
-        )
-        prefix = f"p{round(q * 100)}"
-        legend = f"{prefix} {{{{{by}}}}}" if by else prefix
-        out.append(target(expr, legend, exemplar=q == exemplar_on))
-    return out
+def grafana_panel(panel: Panel) -> AnyBuilder:
+    if isinstance(panel, Stat):
+        return grafana_stat(panel)
+    if isinstance(panel, TimeSeries):
+        return grafana_timeseries(panel)
+    if isinstance(panel, StateTimeline):
+        return grafana_state_timeline(panel)
+    assert isinstance(panel, Table), panel
+    return grafana_table(panel)
 
 
-# --- variables and annotations --------------------------------------------------------------
-
-
-def query_variable(name: str, label: str, query: str, *, multi: bool) -> db.QueryVariable:
-    variable = (
-        db.QueryVariable(name)
-        .label(label)
+def grafana_variable(variable: Variable) -> db.QueryVariable:
+    built = (
+        db.QueryVariable(variable.name)
+        .label(variable.label)
         .datasource(DS)
-        .query({"query": query, "refId": f"{name}-variable"})
-        .multi(multi)
-        .include_all(multi)
+        .query(
+            {
+                "query": f"label_values({variable.selector}, {label_name(variable)})",
+                "refId": f"{variable.name}-variable",
+            }
+        )
+        .multi(variable.multi)
+        .include_all(variable.multi)
         .refresh(m.VariableRefresh.ON_TIME_RANGE_CHANGED)  # nodes come and go
         .sort(m.VariableSort.ALPHABETICAL_ASC)
     )
-    return variable.all_value(".*") if multi else variable
-
-
-def variables(*, multi_node: bool) -> list[Builder[m.VariableModel]]:
-    return [
-        db.DatasourceVariable("datasource").label("Data source").type("prometheus"),
-        query_variable("job", "Job", "label_values(ate_devplugin_build_info, job)", multi=False),
-        query_variable("node", "Node", 'label_values(ate_devplugin_build_info{job=~"$job"}, node)', multi=multi_node),
-        query_variable(
-            "resource",
-            "Resource",
-            'label_values(ate_devplugin_devices{job=~"$job", node=~"$node"}, resource_name)',
-            multi=True,
-        ),
-    ]
+    if variable.hidden:
+        built.hide(m.VariableHide.HIDE_VARIABLE)
+    # .+ (dashboard-linter's rule): "All" is every series that has the label.
+    return built.all_value(".+" if variable.name in ("job", "instance") else ".*") if variable.multi else built
 
 
 class PrometheusAnnotation(m.AnnotationQuery):
@@ -299,16 +474,12 @@ class PrometheusAnnotation(m.AnnotationQuery):
         return super().to_json() | extra
 
 
-class Annotation(Builder[m.AnnotationQuery]):
+class AnnotationBuilder(Builder[m.AnnotationQuery]):
     def __init__(self, annotation: m.AnnotationQuery) -> None:
         self.annotation = annotation
 
     def build(self) -> m.AnnotationQuery:
         return self.annotation
-
-
-def annotation(name: str, expr: str, text: str, color: str) -> Annotation:
-    return Annotation(PrometheusAnnotation(name, expr, text, color))
 
 
 BUILT_IN_ANNOTATIONS = (
@@ -323,26 +494,18 @@ BUILT_IN_ANNOTATIONS = (
 )
 
 
-# --- dashboards ------------------------------------------------------------------------
-
-
-def dashboard(
-    uid: str,
-    title: str,
-    description: str,
-    rows: Sequence[tuple[str, Sequence[Panel]]],
-    *,
-    multi_node: bool,
-    annotations: Sequence[Annotation] = (),
-    collapsed: Sequence[tuple[str, Sequence[Panel]]] = (),
-) -> m.Dashboard:
-    """``rows`` open, then ``collapsed`` rows (closed until clicked: a mode many nodes do not run)."""
-    board = (
-        db.Dashboard(title)
-        .uid(uid)
-        .description(description)
+def grafana(board: Board) -> m.Dashboard:
+    """Open rows, then the collapsed ones. Not editable (dashboard-linter's rule): the chart's
+    dashboards.editable turns editing on."""
+    built_annotations: list[Builder[m.AnnotationQuery]] = [
+        AnnotationBuilder(PrometheusAnnotation(a.name, a.expr, a.text, a.color)) for a in board.annotations
+    ]
+    dashboard = (
+        db.Dashboard(board.title)
+        .uid(board.uid)
+        .description(board.description)
         .tags(TAGS)
-        .editable()
+        .readonly()
         .tooltip(m.DashboardCursorSync.CROSSHAIR)
         .timezone("browser")
         .refresh("30s")
@@ -362,33 +525,219 @@ def dashboard(
             .tooltip("")
             .url("")
         )
-        .annotations([BUILT_IN_ANNOTATIONS, *annotations])
-        .variables(variables(multi_node=multi_node))
+        .annotations([BUILT_IN_ANNOTATIONS, *built_annotations])
+        .variables(
+            [
+                db.DatasourceVariable("datasource").label("Data source").type("prometheus"),
+                *(grafana_variable(v) for v in variables(multi_node=board.multi_node)),
+            ]
+        )
     )
-    for row_title, panels in rows:
-        board.with_row(db.Row(row_title).collapsed(False))
+    for row_title, panels in board.rows:
+        dashboard.with_row(db.Row(row_title).collapsed(False))
         for panel in panels:
-            board.with_panel(panel)
-    for row_title, panels in collapsed:
+            dashboard.with_panel(grafana_panel(panel))
+    for row_title, panels in board.collapsed:
         row = db.Row(row_title).collapsed(True)
         for panel in panels:
-            row.with_panel(panel)
-        board.with_row(row)
-    built = board.build()
+            row.with_panel(grafana_panel(panel))
+        dashboard.with_row(row)
+    built = dashboard.build()
     every = [p for top in built.panels or [] for p in [top, *(getattr(top, "panels", None) or [])]]
     for panel_id, panel_or_row in enumerate(every, start=1):
         panel_or_row.id_val = panel_id  # Grafana keeps ids unique; stable ones keep the JSON stable
     return built
 
 
+# --- Perses ------------------------------------------------------------------------------
+
+# Grafana unit -> Perses format (@perses-dev/core's units). Perses writes rates out
+# ("0.3 requests/sec" in every legend cell and axis label): numbers, and the axis says per what.
+UNITS: dict[str, dict[str, object]] = {
+    "none": {"unit": "decimal"},
+    "short": {"unit": "decimal", "shortValues": True},
+    "s": {"unit": "seconds"},
+    "reqps": {"unit": "decimal", "decimalPlaces": 2},
+    "ops": {"unit": "decimal", "decimalPlaces": 2},
+    "bytes": {"unit": "bytes"},
+    "percentunit": {"unit": "percent-decimal"},
+}
+PER_SECOND = {"reqps": "per second", "ops": "per second"}
+
+Json = dict[str, Any]
+
+
+def perses_color(color: str) -> str:
+    return HEX.get(color, color)
+
+
+def perses_thresholds(steps: Sequence[Step]) -> Json:
+    (first, base), *rest = steps
+    assert first is None, "the first step is the base colour"
+    return {"defaultColor": perses_color(base), "steps": [{"value": v, "color": perses_color(c)} for v, c in rest]}
+
+
+def perses_mappings(entries: Sequence[ValueText]) -> list[Json]:
+    return [
+        {"kind": "Value", "spec": {"value": str(v), "result": {"value": text, "color": perses_color(color)}}}
+        for v, text, color in entries
+    ]
+
+
+def perses_query(query: Query) -> Json:
+    spec: Json = {"query": query.expr}
+    if query.legend:
+        spec["seriesNameFormat"] = query.legend
+    return {"kind": "TimeSeriesQuery", "spec": {"plugin": {"kind": "PrometheusTimeSeriesQuery", "spec": spec}}}
+
+
+def perses_plugin(panel: Panel) -> Json:
+    fmt = UNITS[panel.unit]
+    if isinstance(panel, Stat):
+        spec: Json = {"calculation": "last-number", "format": fmt, "thresholds": perses_thresholds(panel.steps)}
+        if panel.mappings:
+            spec["mappings"] = perses_mappings(panel.mappings)
+        if panel.label_as_value:
+            spec["metricLabel"] = panel.label_as_value
+        return {"kind": "StatChart", "spec": spec}
+    if isinstance(panel, TimeSeries):
+        visual: Json = {
+            "display": "bar" if panel.bars else "line",
+            "lineWidth": 1,
+            "areaOpacity": 0.6 if panel.bars else 0.1,
+            "stack": "all" if panel.stack else "none",
+            "connectNulls": False,
+        }
+        legend: Json = {"position": "bottom", "mode": "list"}
+        if not panel.list_legend:
+            legend = {"position": "bottom", "mode": "table", "values": ["last-number", "max"]}
+        spec = {"legend": legend, "yAxis": {"show": True, "format": fmt, "min": 0}, "visual": visual}
+        if panel.unit in PER_SECOND:
+            spec["yAxis"]["label"] = PER_SECOND[panel.unit]
+        colors = [
+            {"queryIndex": i, "colorMode": "fixed", "colorValue": perses_color(q.color)}
+            for i, q in enumerate(panel.queries)
+            if q.color
+        ]
+        if colors:
+            spec["querySettings"] = colors
+        return {"kind": "TimeSeriesChart", "spec": spec}
+    if isinstance(panel, StateTimeline):
+        return {
+            "kind": "StatusHistoryChart",
+            "spec": {"legend": {"position": "bottom"}, "mappings": perses_mappings(panel.mappings)},
+        }
+    assert isinstance(panel, Table), panel
+    return {"kind": "Table", "spec": perses_table(panel)}
+
+
+def perses_table(panel: Table) -> Json:
+    """Perses names a value column "value" (one query) or "value #N" (query N, from 1) and
+    merges the series of all queries on their labels (MergeSeries, Grafana's merge)."""
+    settings: list[Json] = []
+    for key, header in panel.columns.items():
+        if key.startswith("#"):
+            index = ord(key[1]) - ord("A") + 1
+            name = "value" if len(panel.queries) == 1 else f"value #{index}"
+            settings.append({"name": name, "header": header, "format": {"unit": "decimal", "decimalPlaces": 0}})
+        else:
+            settings.append({"name": key, "header": header})
+    if panel.sort_by:
+        for s in settings:
+            if s["header"] == panel.sort_by:
+                s["sort"] = "desc" if panel.problems else "asc"
+    settings.append({"name": "timestamp", "hide": True})
+    spec: Json = {"density": "compact", "columnSettings": settings, "transforms": [{"kind": "MergeSeries", "spec": {}}]}
+    if panel.problems:
+        # Perses colours cells by value, whatever the column: only for tables of problem counts.
+        spec["cellSettings"] = [
+            {"condition": {"kind": "Value", "spec": {"value": "0"}}, "textColor": HEX[GREEN]},
+            {"condition": {"kind": "Range", "spec": {"min": 1}}, "textColor": HEX[RED]},
+        ]
+    return spec
+
+
+def perses_variable(variable: Variable) -> Json:
+    spec: Json = {
+        "name": variable.name,
+        "display": {"name": variable.label, "hidden": variable.hidden},
+        "allowAllValue": variable.multi,
+        "allowMultiple": variable.multi,
+        "sort": "alphabetical-asc",
+        "plugin": {
+            "kind": "PrometheusLabelValuesVariable",
+            "spec": {"labelName": label_name(variable), "matchers": [variable.selector]},
+        },
+    }
+    if variable.multi:
+        spec["customAllValue"] = ".+" if variable.name in ("job", "instance") else ".*"
+        spec["defaultValue"] = "$__all"
+    return {"kind": "ListVariable", "spec": spec}
+
+
+def perses(board: Board) -> Json:
+    """A Perses Dashboard resource: one Grid layout per row (collapsed rows closed)."""
+    panels: Json = {}
+    layouts: list[Json] = []
+    number = 0
+    for open_row, (row_title, row_panels) in [(True, r) for r in board.rows] + [(False, r) for r in board.collapsed]:
+        items = []
+        for panel, x, y in rows_layout(row_panels):
+            key = f"panel{number}"
+            number += 1
+            panels[key] = {
+                "kind": "Panel",
+                "spec": {
+                    "display": {"name": panel.title, "description": panel.description},
+                    "plugin": perses_plugin(panel),
+                    "queries": [perses_query(q) for q in panel.queries],
+                },
+            }
+            items.append(
+                {
+                    "x": x,
+                    "y": y,
+                    "width": panel.width,
+                    "height": panel.height,
+                    "content": {"$ref": f"#/spec/panels/{key}"},
+                }
+            )
+        layouts.append(
+            {"kind": "Grid", "spec": {"display": {"title": row_title, "collapse": {"open": open_row}}, "items": items}}
+        )
+    return {
+        "kind": "Dashboard",
+        "metadata": {"name": board.uid, "project": PERSES_PROJECT},
+        "spec": {
+            "display": {"name": board.title, "description": board.description},
+            "duration": "6h",
+            "refreshInterval": "30s",
+            "variables": [perses_variable(v) for v in variables(multi_node=board.multi_node)],
+            "panels": panels,
+            "layouts": layouts,
+        },
+    }
+
+
+def perses_dashboard_object(board: Board) -> Json:
+    """perses-operator's PersesDashboard (perses.dev/v1alpha2); its namespace is the Perses project."""
+    dashboard = perses(board)
+    return {
+        "apiVersion": "perses.dev/v1alpha2",
+        "kind": "PersesDashboard",
+        "metadata": {"name": board.uid, "labels": {"app.kubernetes.io/part-of": "ate-devplugin"}},
+        "spec": {"config": dashboard["spec"]},
+    }
+
+
 # --- the fleet overview ----------------------------------------------------------------
 
 
-def fleet() -> m.Dashboard:
+def fleet() -> Board:
     node_link = {
         "title": "Open the node drill-down",
-        "url": f"/d/{NODE_UID}/ate-devplugin-node?${{datasource:queryparam}}&${{job:queryparam}}"
-        "&var-node=${__value.raw}&${__url_time_range}",
+        "url": f"/d/{NODE_UID}/ate-devplugin-node?${{datasource:queryparam}}&${{cluster:queryparam}}"
+        "&${job:queryparam}&var-node=${__value.raw}&${__url_time_range}",
     }
     status = [
         stat(
@@ -415,7 +764,7 @@ def fleet() -> m.Dashboard:
             [target(f"count(ate_devplugin_registered{{{RES}}} == 1) or vector(0)", "registered")],
         ),
         stat(
-            "Present, not registered",
+            "Not registered",
             "Resources whose device is present on the node but that are not registered with the kubelet: "
             "pods needing the device cannot land there. Alert AteDevpluginNotRegistered fires after 10 minutes; "
             'the "Nodes" table and "Registered, by node" show which nodes and since when.',
@@ -433,6 +782,7 @@ def fleet() -> m.Dashboard:
             "Units advertised healthy to the kubelets, summed over the selected nodes and resources.",
             [target(f'sum(ate_devplugin_devices{{{RES}, health="healthy"}}) or vector(0)', "healthy")],
             "short",
+            steps=OK_IF_POSITIVE,
         ),
         stat(
             "Unhealthy units",
@@ -459,12 +809,15 @@ def fleet() -> m.Dashboard:
     nodes = [
         table(
             "Nodes",
-            "One row per node and resource, now: device nodes found, registration, unhealthy units, and "
-            "failures over the dashboard's time range. Sort by a column to find the nodes to look at; the "
-            "node name links to the node drill-down.",
+            "One row per node and resource, now, each column a problem (0 is fine): device nodes absent, "
+            "not registered, unhealthy units, and failures over the dashboard's time range. Sorted with "
+            "nodes that are not registered first; the node name links to the node drill-down.",
             [
-                target(f"max by (node, resource_name) (ate_devplugin_device_nodes_present{{{RES}}})", instant=True),
-                target(f"max by (node, resource_name) (ate_devplugin_registered{{{RES}}})", instant=True),
+                target(
+                    f"max by (node, resource_name) (ate_devplugin_device_nodes_present{{{RES}}} == bool 0)",
+                    instant=True,
+                ),
+                target(f"max by (node, resource_name) (ate_devplugin_registered{{{RES}}} == bool 0)", instant=True),
                 target(
                     f'max by (node, resource_name) (ate_devplugin_devices{{{RES}, health="unhealthy"}})', instant=True
                 ),
@@ -480,29 +833,25 @@ def fleet() -> m.Dashboard:
                 ),
             ],
             {
-                "#A": "Device nodes",
-                "#B": "Registered",
+                "node": "Node",
+                "resource_name": "Resource",
+                "#A": "Device absent",
+                "#B": "Not registered",
                 "#C": "Unhealthy units",
                 "#D": "Failed Allocate",
                 "#E": "Failed registrations",
-                "node": "Node",
-                "resource_name": "Resource",
             },
-            overrides=[
-                by_name("Node", ("links", [node_link])),
-                by_name(
-                    "Registered",
-                    ("mappings", REGISTERED),
-                    ("custom.cellOptions", {"type": "color-text"}),
-                ),
-                *(
-                    by_name(
-                        col, ("thresholds", OK_IF_ZERO), ("custom.cellOptions", {"type": "color-text"}), ("decimals", 0)
-                    )
+            styles={
+                "Node": ColumnStyle(link=node_link),
+                "Device absent": ColumnStyle(mappings=YES_IS_BAD, steps=OK_IF_ZERO),
+                "Not registered": ColumnStyle(mappings=YES_IS_BAD, steps=OK_IF_ZERO),
+                **{
+                    col: ColumnStyle(steps=OK_IF_ZERO)
                     for col in ("Unhealthy units", "Failed Allocate", "Failed registrations")
-                ),
-            ],
-            sort_by="Registered",
+                },
+            },
+            sort_by="Not registered",
+            problems=True,
         ),
         state_timeline(
             "Daemon up, by node",
@@ -536,7 +885,11 @@ def fleet() -> m.Dashboard:
             "Advertised units, by health",
             "Units advertised to the kubelets, by health, summed over the selected nodes. Unhealthy units mean "
             "a device disappeared from a node after it was present.",
-            [target(f"sum by (health) (ate_devplugin_devices{{{RES}}})", "{{health}}")],
+            # Unhealthy at the bottom of the stack: healthy (green) is the top line while all is well.
+            [
+                target(f'sum(ate_devplugin_devices{{{RES}, health="unhealthy"}})', "unhealthy", color=RED),
+                target(f'sum(ate_devplugin_devices{{{RES}, health="healthy"}})', "healthy", color=GREEN),
+            ],
             "short",
             stack=True,
         ),
@@ -547,6 +900,7 @@ def fleet() -> m.Dashboard:
                 target(
                     f'sum by (node, resource_name) (ate_devplugin_devices{{{RES}, health="unhealthy"}})',
                     "{{node}} {{resource_name}}",
+                    color=RED,
                 )
             ],
             "short",
@@ -557,12 +911,7 @@ def fleet() -> m.Dashboard:
             "Allocate rate, by code",
             "Allocate calls from the kubelets per second, by gRPC status code (OK is success). One call per "
             "container start that asks for the device.",
-            [
-                target(
-                    f"sum by (code) (rate(ate_devplugin_allocate_requests_total{{{RES}}}[$__rate_interval]))",
-                    "{{code}}",
-                )
-            ],
+            good_and_bad("ate_devplugin_allocate_requests_total", RES, "code", "OK", fn="rate"),
             "reqps",
         ),
         timeseries(
@@ -574,6 +923,7 @@ def fleet() -> m.Dashboard:
                     f"sum by (node, resource_name, code) "
                     f'(rate(ate_devplugin_allocate_requests_total{{{RES}, code!="OK"}}[$__rate_interval]))',
                     "{{node}} {{resource_name}} {{code}}",
+                    color=RED,
                 )
             ],
             "reqps",
@@ -605,20 +955,17 @@ def fleet() -> m.Dashboard:
             ],
             "short",
             width=8,
+            height=10,  # room for a legend of every node and reason
             bars=True,
         ),
         timeseries(
             "Registration attempts, by result",
             "Register calls to the kubelets by result: success, or why it failed (unavailable, timeout, "
             "rejected, error).",
-            [
-                target(
-                    f"sum by (result) (increase(ate_devplugin_registrations_total{{{RES}}}[$__rate_interval]))",
-                    "{{result}}",
-                )
-            ],
+            good_and_bad("ate_devplugin_registrations_total", RES, "result", "success"),
             "short",
             width=8,
+            height=10,  # room for a legend of every node and reason
             bars=True,
             stack=True,
         ),
@@ -631,22 +978,19 @@ def fleet() -> m.Dashboard:
                     f"sum by (node, resource_name, result) "
                     f'(increase(ate_devplugin_registrations_total{{{RES}, result!="success"}}[$__rate_interval]))',
                     "{{node}} {{resource_name}} {{result}}",
+                    color=RED,
                 )
             ],
             "short",
             width=8,
+            height=10,  # room for a legend of every node and reason
             bars=True,
         ),
         timeseries(
             "Config reloads, by result",
             "Live reloads of the device configuration; a failure keeps the previous configuration running "
             "(alert AteDevpluginConfigReloadFailing).",
-            [
-                target(
-                    f"sum by (result) (increase(ate_devplugin_config_reloads_total{{{DAEMON}}}[$__rate_interval]))",
-                    "{{result}}",
-                )
-            ],
+            good_and_bad("ate_devplugin_config_reloads_total", DAEMON, "result", "success"),
             "short",
             bars=True,
         ),
@@ -662,7 +1006,7 @@ def fleet() -> m.Dashboard:
             width=12,
         ),
     ]
-    return dashboard(
+    return Board(
         FLEET_UID,
         "ate-devplugin / Fleet",
         "Which nodes lost the device, are not registered with the kubelet, or fail Allocate, and since when.",
@@ -672,17 +1016,17 @@ def fleet() -> m.Dashboard:
             ("Units", units),
             ("Allocate", allocate),
             ("Kubelet and registration", kubelet),
-            ("Pods", fleet_pods()),
         ],
+        # Off by default (--pod-resources, dra.mode): closed, so that a default install shows no empty rows.
+        collapsed=[("Pods", fleet_pods()), ("DRA driver", fleet_dra())],
         multi_node=True,
-        collapsed=[("DRA driver", fleet_dra())],
     )
 
 
 # --- the node drill-down ---------------------------------------------------------------
 
 
-def node() -> m.Dashboard:
+def node() -> Board:
     status = [
         stat(
             "Daemon",
@@ -708,9 +1052,10 @@ def node() -> m.Dashboard:
         ),
         stat(
             "Healthy units",
-            "Units advertised healthy to the kubelet.",
+            "Units advertised healthy to the kubelet; 0 (red): the scheduler places no pod needing the device here.",
             [target(f'sum(ate_devplugin_devices{{{RES}, health="healthy"}})', "healthy")],
             "short",
+            steps=OK_IF_POSITIVE,
         ),
         stat(
             "Unhealthy units",
@@ -720,7 +1065,7 @@ def node() -> m.Dashboard:
             steps=OK_IF_ZERO,
         ),
         stat(
-            "ListAndWatch streams",
+            "Streams",
             "Open ListAndWatch streams; the kubelet holds one per registered resource.",
             [target(f"sum(ate_devplugin_list_and_watch_streams{{{RES}}})", "streams")],
             steps=OK_IF_POSITIVE,
@@ -735,7 +1080,7 @@ def node() -> m.Dashboard:
             "Version",
             "Version of the daemon running on this node.",
             [target(f"max by (version) (ate_devplugin_build_info{{{DAEMON}}})", "{{version}}")],
-            text_mode=c.BigValueTextMode.NAME,
+            label_as_value="version",
             width=2,
         ),
     ]
@@ -751,15 +1096,10 @@ def node() -> m.Dashboard:
             "Registration attempts, by result",
             "Register calls to the kubelet by result. Repeated failures with a stable reason point at the "
             "kubelet (unavailable, timeout) or at the request (rejected).",
-            [
-                target(
-                    f"sum by (resource_name, result) "
-                    f"(increase(ate_devplugin_registrations_total{{{RES}}}[$__rate_interval]))",
-                    "{{resource_name}} {{result}}",
-                )
-            ],
+            good_and_bad("ate_devplugin_registrations_total", RES, "result", "success", by="resource_name"),
             "short",
             width=8,
+            height=10,  # room for the legend of every resource and reason
             bars=True,
         ),
         timeseries(
@@ -773,6 +1113,7 @@ def node() -> m.Dashboard:
             ],
             "short",
             width=8,
+            height=10,  # room for the legend of every resource and reason
             bars=True,
         ),
         timeseries(
@@ -781,6 +1122,7 @@ def node() -> m.Dashboard:
             [target(f"sum by (resource_name) (ate_devplugin_list_and_watch_streams{{{RES}}})", "{{resource_name}}")],
             "short",
             width=8,
+            height=10,  # room for the legend of every resource and reason
         ),
     ]
     devices = [
@@ -789,8 +1131,11 @@ def node() -> m.Dashboard:
             "Units advertised to the kubelet per resource and health.",
             [
                 target(
-                    f"sum by (resource_name, health) (ate_devplugin_devices{{{RES}}})", "{{resource_name}} {{health}}"
+                    f'sum by (resource_name) (ate_devplugin_devices{{{RES}, health="{health}"}})',
+                    f"{{{{resource_name}}}} {health}",
+                    color=color,
                 )
+                for health, color in (("healthy", GREEN), ("unhealthy", RED))
             ],
             "short",
             width=8,
@@ -800,10 +1145,12 @@ def node() -> m.Dashboard:
             "Changes of advertised health, by the new health: a device node disappearing or coming back.",
             [
                 target(
-                    f"sum by (resource_name, health) "
-                    f"(increase(ate_devplugin_device_health_changes_total{{{RES}}}[$__rate_interval]))",
-                    "{{resource_name}} {{health}}",
+                    f"sum by (resource_name) (increase(ate_devplugin_device_health_changes_total"
+                    f'{{{RES}, health="{health}"}}[$__rate_interval]))',
+                    f"{{{{resource_name}}}} became {health}",
+                    color=color,
                 )
+                for health, color in (("healthy", GREEN), ("unhealthy", RED))
             ],
             "short",
             width=8,
@@ -828,13 +1175,7 @@ def node() -> m.Dashboard:
         timeseries(
             "Allocate rate, by code",
             "Allocate calls per second, by resource and gRPC status code (OK is success).",
-            [
-                target(
-                    f"sum by (resource_name, code) "
-                    f"(rate(ate_devplugin_allocate_requests_total{{{RES}}}[$__rate_interval]))",
-                    "{{resource_name}} {{code}}",
-                )
-            ],
+            good_and_bad("ate_devplugin_allocate_requests_total", RES, "code", "OK", by="resource_name", fn="rate"),
             "reqps",
             width=8,
         ),
@@ -895,7 +1236,7 @@ def node() -> m.Dashboard:
             width=6,
         ),
     ]
-    return dashboard(
+    return Board(
         NODE_UID,
         "ate-devplugin / Node",
         "One node's daemon: registration, devices, Allocate and the process.",
@@ -905,18 +1246,17 @@ def node() -> m.Dashboard:
             ("Devices", devices),
             ("Allocate", allocate),
             ("Process", process),
-            ("Pods", node_pods()),
         ],
+        collapsed=[("Pods", node_pods()), ("DRA driver", node_dra())],
         multi_node=False,
-        collapsed=[("DRA driver", node_dra())],
         annotations=[
-            annotation(
+            Annotation(
                 "Kubelet restarts",
                 f"sum by (node) (increase(ate_devplugin_kubelet_restarts_total{{{DAEMON}}}[$__rate_interval])) > 0",
                 "The kubelet on {{node}} re-created its socket",
                 "orange",
             ),
-            annotation(
+            Annotation(
                 "Device health changes",
                 f"sum by (node, resource_name, health) "
                 f"(increase(ate_devplugin_device_health_changes_total{{{RES}}}[$__rate_interval])) > 0",
@@ -954,14 +1294,7 @@ def fleet_pods() -> list[Panel]:
                 target(f"max by (node, resource_name) (ate_devplugin_pods_on_unhealthy_device{{{RES}}})", instant=True),
             ],
             {"#A": "Pods holding units", "#B": "On a lost device", "node": "Node", "resource_name": "Resource"},
-            overrides=[
-                by_name(
-                    "On a lost device",
-                    ("thresholds", OK_IF_ZERO),
-                    ("custom.cellOptions", {"type": "color-text"}),
-                    ("decimals", 0),
-                )
-            ],
+            styles={"On a lost device": ColumnStyle(steps=OK_IF_ZERO)},
             sort_by="On a lost device",
             width=12,
         ),
@@ -1027,7 +1360,7 @@ def node_pods() -> list[Panel]:
 
 # --- the DRA driver (dra.mode dra or both) ---------------------------------------------
 
-IN_SYNC = value_map((0, "out of sync", RED), (1, "in sync", GREEN))
+IN_SYNC = [(0, "out of sync", RED), (1, "in sync", GREEN)]
 
 
 def fleet_dra() -> list[Panel]:
@@ -1098,7 +1431,7 @@ def node_dra() -> list[Panel]:
             [
                 target(
                     "histogram_quantile(0.99, sum by (method, le) "
-                    f"(rate(ate_devplugin_dra_call_duration_seconds_bucket{{{DAEMON}}}[$__rate_interval])))",
+                    f"(rate(ate_devplugin_dra_call_duration_seconds_bucket{{{DAEMON}}}[$__rate_interval]))) >= 0",
                     "p99 {{method}}",
                 )
             ],
@@ -1124,22 +1457,44 @@ def node_dra() -> list[Panel]:
 
 
 DASHBOARDS = {"ate-devplugin-fleet.json": fleet, "ate-devplugin-node.json": node}
+PERSES_DIR = HERE / "perses"
+PERSES_OBJECTS = "persesdashboards.yaml"
 
 
-def render(build: Callable[[], m.Dashboard]) -> str:
-    return JSONEncoder(indent=2).encode(build()) + "\n"
+def render(build: Callable[[], Board]) -> str:
+    """The Grafana dashboard's JSON text."""
+    return JSONEncoder(indent=2).encode(grafana(build())) + "\n"
+
+
+def render_perses(build: Callable[[], Board]) -> str:
+    """The Perses dashboard's JSON text."""
+    return json.dumps(perses(build()), indent=2) + "\n"
+
+
+def render_perses_objects() -> str:
+    """Every dashboard as a PersesDashboard object, one YAML document each."""
+    docs = [perses_dashboard_object(build()) for build in DASHBOARDS.values()]
+    header = "# Generated by dashboards/generate.py: kubectl apply -n <Perses project namespace> -f this file\n"
+    return header + yaml.safe_dump_all(docs, sort_keys=False, width=120)
+
+
+def generated() -> dict[Path, str]:
+    """Every file this generator writes, with its text."""
+    out = {HERE / name: render(build) for name, build in DASHBOARDS.items()}
+    out |= {PERSES_DIR / name: render_perses(build) for name, build in DASHBOARDS.items()}
+    out[PERSES_DIR / PERSES_OBJECTS] = render_perses_objects()
+    return out
 
 
 def main(argv: Sequence[str]) -> int:
     check = "--check" in argv
     stale = []
-    for name, build in DASHBOARDS.items():
-        path = HERE / name
-        text = render(build)
+    for path, text in generated().items():
         if check:
             if not path.exists() or path.read_text() != text:
-                stale.append(name)
+                stale.append(str(path.relative_to(HERE)))
         else:
+            path.parent.mkdir(exist_ok=True)
             path.write_text(text)
     if stale:
         print(f"out of date: {', '.join(stale)}; run python dashboards/generate.py", file=sys.stderr)

@@ -18,6 +18,12 @@ if [ "$what" = test ]; then
   # The one-node cluster of tests/e2e: container runtime, etcd, pod network, curl and
   # ip inside its namespaces; gcc and libc6-dev for the statically linked pause image.
   apt_packages+=(containerd runc etcd-server containernetworking-plugins curl iproute2 gcc libc6-dev)
+  # The OCI registry the e2e user path installs the published chart and image from.
+  apt_packages+=(docker-registry)
+  # The rendered dashboards (tests/dashboards/test_dashboards_rendered.py): headless Chromium and fonts.
+  apt_packages+=(chromium fonts-dejavu-core)
+  # npm for the Perses page; machines that bring their own Node.js keep it.
+  command -v npm >/dev/null || apt_packages+=(nodejs npm)
 fi
 missing=()
 for p in "${apt_packages[@]}"; do
@@ -49,4 +55,9 @@ if [ "$what" = test ]; then
   tools/build-k8s.sh
   # containerd 2 (CDI) for the e2e cluster's second runtime; Debian's runc runs its pods.
   tools/build-containerd.sh
+  # The Perses page's npm packages, exactly as locked; again only when the lock changed.
+  page=tools/render-dashboards
+  if [ ! -e "$page/node_modules/.package-lock.json" ] || [ "$page/package-lock.json" -nt "$page/node_modules/.package-lock.json" ]; then
+    (cd "$page" && npm ci --no-audit --no-fund --loglevel=error)
+  fi
 fi

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Copy the repository's Grafana dashboards into the Helm chart.
+"""Copy the repository's dashboards (Grafana's, and Perses' in perses/) into the Helm chart.
 
 `helm install ./chart` and `helm package` only see files inside chart/, and a
 symlink out of the chart is not packaged reliably, so the chart carries a copy
-of dashboards/*.json in chart/files/dashboards/. dashboards/ stays the one
+of dashboards/*.json and dashboards/perses/*.json in chart/files/dashboards/. dashboards/ stays the one
 source; this script makes the copy and, with --check, reports drift (a test
 runs it that way).
 
@@ -35,6 +35,11 @@ MIRRORS = (
     Mirror(
         source=REPO_ROOT / "dashboards",
         target=REPO_ROOT / "chart" / "files" / "dashboards",
+        pattern="*.json",
+    ),
+    Mirror(
+        source=REPO_ROOT / "dashboards" / "perses",
+        target=REPO_ROOT / "chart" / "files" / "dashboards" / "perses",
         pattern="*.json",
     ),
 )

@@ -58,6 +58,99 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{/*
+Labels of the pod template: the DaemonSet's selector and labels that stay the same from
+one chart version to the next, so that upgrading the chart alone restarts no pod (no
+helm.sh/chart, no app.kubernetes.io/version: a new image changes the pod anyway).
+Takes a pool context (ate-devplugin.poolContexts).
+*/}}
+{{- define "ate-devplugin.podLabels" -}}
+{{ include "ate-devplugin.daemonSetSelector" . }}
+app.kubernetes.io/component: device-plugin
+app.kubernetes.io/part-of: ate-devplugin
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- with .Values.podLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+A DaemonSet's selector: the release's selector labels and, for a pool, the pool's name
+(the Service, NetworkPolicy and monitors select the pods of every pool).
+*/}}
+{{- define "ate-devplugin.daemonSetSelector" -}}
+{{ include "ate-devplugin.selectorLabels" . }}
+{{- with .Pool }}
+ate.dev/pool: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+Name of a pool's DaemonSet and ConfigMap: the full name, suffixed with the pool's.
+*/}}
+{{- define "ate-devplugin.daemonSetName" -}}
+{{- if .Pool -}}
+{{- include "ate-devplugin.suffixed" (list . .Pool) -}}
+{{- else -}}
+{{- include "ate-devplugin.fullname" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+One context per DaemonSet: without pools the root context, otherwise one per pool (in
+name order) whose .Values are the top-level values with each key the pool sets replaced
+as a whole, and .Pool its name. Writes the list to .contexts of the dict it is given:
+  {{- $pools := dict "root" $ }}{{- include "ate-devplugin.poolContexts" $pools }}
+  {{- range $pools.contexts }}...{{- end }}
+*/}}
+{{- define "ate-devplugin.poolContexts" -}}
+{{- $root := .root -}}
+{{- $contexts := list -}}
+{{- range $name := keys $root.Values.pools | sortAlpha -}}
+{{- $values := deepCopy $root.Values -}}
+{{- range $key, $value := index $root.Values.pools $name -}}
+{{- $_ := set $values $key $value -}}
+{{- end -}}
+{{- $contexts = append $contexts (dict "Values" $values "Pool" $name "Release" $root.Release "Chart" $root.Chart "Capabilities" $root.Capabilities "Template" $root.Template "Files" $root.Files) -}}
+{{- else -}}
+{{- $contexts = list (dict "Values" $root.Values "Pool" "" "Release" $root.Release "Chart" $root.Chart "Capabilities" $root.Capabilities "Template" $root.Template "Files" $root.Files) -}}
+{{- end -}}
+{{- $_ := set . "contexts" $contexts -}}
+{{- end -}}
+
+{{/*
+The pods' affinity: the affinity value with nodeRequirements (and, with
+nodeFeatureRule.enabled, its label) added to every term of the required node affinity;
+one term holding just them when there is none.
+*/}}
+{{- define "ate-devplugin.affinity" -}}
+{{- $affinity := deepCopy (default (dict) .Values.affinity) -}}
+{{- $required := list -}}
+{{- range .Values.nodeRequirements -}}
+{{- $required = append $required . -}}
+{{- end -}}
+{{- if .Values.nodeFeatureRule.enabled -}}
+{{- $required = append $required (dict "key" .Values.nodeFeatureRule.label "operator" "In" "values" (list "true")) -}}
+{{- end -}}
+{{- if $required -}}
+{{- $nodeAffinity := default (dict) (get $affinity "nodeAffinity") -}}
+{{- $selector := default (dict) (get $nodeAffinity "requiredDuringSchedulingIgnoredDuringExecution") -}}
+{{- $terms := list -}}
+{{- range default (list (dict)) (get $selector "nodeSelectorTerms") -}}
+{{- $terms = append $terms (set . "matchExpressions" (concat (default (list) (get . "matchExpressions")) $required)) -}}
+{{- end -}}
+{{- $_ := set $selector "nodeSelectorTerms" $terms -}}
+{{- $_ := set $nodeAffinity "requiredDuringSchedulingIgnoredDuringExecution" $selector -}}
+{{- $_ := set $affinity "nodeAffinity" $nodeAffinity -}}
+{{- end -}}
+{{- with $affinity -}}
+{{- toYaml . -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 Standard labels on every object.
 */}}
 {{- define "ate-devplugin.labels" -}}
@@ -91,11 +184,16 @@ Image tag: the value, or the chart's appVersion.
 {{- end -}}
 
 {{/*
-Full image reference: [registry/]repository[:tag][@digest].
+Full image reference: [registry/]repository[:tag][@digest]. A repository that names its
+own registry (its first component holds a "." or ":" or is localhost, as image references
+are read) is used as it is: image.repository=registry.example.com/ate-devplugin keeps
+meaning that image although image.registry defaults to the published one's.
 */}}
 {{- define "ate-devplugin.image" -}}
 {{- $repo := .Values.image.repository -}}
-{{- if .Values.image.registry -}}
+{{- $first := splitList "/" $repo | first -}}
+{{- $ownRegistry := and (contains "/" $repo) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- if and .Values.image.registry (not $ownRegistry) -}}
 {{- $repo = printf "%s/%s" .Values.image.registry $repo -}}
 {{- end -}}
 {{- if .Values.image.digest -}}
@@ -109,7 +207,7 @@ Full image reference: [registry/]repository[:tag][@digest].
 Name of the ConfigMap holding config.yaml.
 */}}
 {{- define "ate-devplugin.configMapName" -}}
-{{- default (include "ate-devplugin.fullname" .) .Values.deviceConfig.existingConfigMap -}}
+{{- default (include "ate-devplugin.daemonSetName" .) .Values.deviceConfig.existingConfigMap -}}
 {{- end -}}
 
 {{/*
@@ -210,7 +308,7 @@ extra attributes from values, sorted by key.
   "k8s.pod.name=$(K8S_POD_NAME)"
   "k8s.pod.uid=$(K8S_POD_UID)"
   "k8s.namespace.name=$(K8S_NAMESPACE_NAME)"
-  (printf "k8s.daemonset.name=%s" (include "ate-devplugin.fullname" .))
+  (printf "k8s.daemonset.name=%s" (include "ate-devplugin.daemonSetName" .))
   "k8s.container.name=ate-devplugin" -}}
 {{- range $k := keys .Values.tracing.resourceAttributes | sortAlpha -}}
 {{- $attrs = append $attrs (printf "%s=%v" $k (index $.Values.tracing.resourceAttributes $k)) -}}
@@ -228,7 +326,7 @@ as checkov.io/skipN annotations (see chart/README.md "Security").
   "CKV_K8S_40=Same reason as CKV_K8S_23: UID 0 is required to write to the root-owned kubelet socket directory; a high UID cannot create the socket. No capabilities are kept"
 -}}
 {{- if not .Values.image.digest -}}
-{{- $skips = append $skips "CKV_K8S_43=The chart cannot know the digest of the image you build; set image.digest to pin it (this skip then disappears)" -}}
+{{- $skips = append $skips "CKV_K8S_43=A digest is known only once the image is pushed (tools/release.sh prints it), so the chart's default is the release tag; set image.digest to pin it (this skip then disappears)" -}}
 {{- if ne .Values.image.pullPolicy "Always" -}}
 {{- $skips = append $skips "CKV_K8S_15=A node-critical daemon must restart without the registry (node reboot during a registry outage); pinning image.digest is the supported way to guarantee the image (this skip then disappears)" -}}
 {{- end -}}
@@ -277,4 +375,59 @@ name, cdi.mount says so, or the daemon is a DRA driver (an existingConfigMap's r
 {{- end -}}
 {{- end -}}
 {{- if $uses -}}true{{- end -}}
+{{- end -}}
+
+
+{{/*
+Egress rules to the API server for the DRA driver under networkPolicy.restrictEgress: the
+apiServerEgress value, or else what the cluster says at install: the `kubernetes`
+Service's ClusterIP and the addresses of its EndpointSlice (a NetworkPolicy cannot name
+the API server, and CNIs differ in whether they match before or after the Service's
+translation). Fails when neither is known (helm template, no access to default).
+*/}}
+{{- define "ate-devplugin.apiServerEgress" -}}
+{{- if .Values.networkPolicy.apiServerEgress -}}
+{{- toYaml .Values.networkPolicy.apiServerEgress -}}
+{{- else -}}
+{{- $rules := list -}}
+{{- $service := lookup "v1" "Service" "default" "kubernetes" -}}
+{{- with $service -}}
+{{- range .spec.ports -}}
+{{- $rules = append $rules (dict "to" (list (dict "ipBlock" (dict "cidr" (printf "%s/%s" $service.spec.clusterIP (ternary "128" "32" (contains ":" $service.spec.clusterIP)))))) "ports" (list (dict "port" .port "protocol" "TCP"))) -}}
+{{- end -}}
+{{- end -}}
+{{- with lookup "discovery.k8s.io/v1" "EndpointSlice" "default" "kubernetes" -}}
+{{- $peers := list -}}
+{{- range .endpoints -}}
+{{- range .addresses -}}
+{{- $peers = append $peers (dict "ipBlock" (dict "cidr" (printf "%s/%s" . (ternary "128" "32" (contains ":" .))))) -}}
+{{- end -}}
+{{- end -}}
+{{- $ports := list -}}
+{{- range .ports -}}
+{{- $ports = append $ports (dict "port" .port "protocol" "TCP") -}}
+{{- end -}}
+{{- if and $peers $ports -}}
+{{- $rules = append $rules (dict "to" $peers "ports" $ports) -}}
+{{- end -}}
+{{- end -}}
+{{- if not $rules -}}
+{{- fail "networkPolicy.restrictEgress=true with dra.mode=dra or both: the DRA driver must reach the API server, and a NetworkPolicy can only allow it by address. The chart looks the addresses up on helm install and upgrade; here it cannot (helm template, or no read access to the default namespace), so set networkPolicy.apiServerEgress, e.g. [{to: [{ipBlock: {cidr: 10.0.0.10/32}}], ports: [{port: 6443, protocol: TCP}]}]" -}}
+{{- end -}}
+{{- toYaml $rules -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+"true" when the API server serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy.
+*/}}
+{{- define "ate-devplugin.admissionPolicyApi" -}}
+{{- if .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+The DeviceClass of a resource name: <name>.<domain> (ate.dev/kvm: kvm.ate.dev).
+*/}}
+{{- define "ate-devplugin.deviceClassName" -}}
+{{- printf "%s.%s" (splitList "/" . | last) (splitList "/" . | first) | lower | replace "_" "-" | trunc 253 -}}
 {{- end -}}

@@ -1,7 +1,8 @@
 {{/*
 Checks across values that values.schema.json cannot express with a clear
-message. Included once, from daemonset.yaml; renders nothing. The deviceConfig
-rules come from the daemon's model (_deviceconfig.tpl, generated).
+message. Included from daemonset.yaml, once per pool; renders nothing. The
+deviceConfig rules come from the daemon's model (_deviceconfig.tpl, generated), the
+daemon.extraArgs and extraEnv rules from its argument parser (_daemonargs.tpl, generated).
 */}}
 {{- define "ate-devplugin.validate" -}}
 {{- include "ate-devplugin.deviceConfigRules" . -}}
@@ -13,11 +14,7 @@ rules come from the daemon's model (_deviceconfig.tpl, generated).
 {{- if regexMatch "(^|/)\\.\\.(/|$)" .Values.podResources.hostPath -}}
 {{- fail (printf "podResources.hostPath %q contains '..'; give the plain absolute path" .Values.podResources.hostPath) -}}
 {{- end -}}
-{{- range .Values.daemon.extraArgs -}}
-{{- if regexMatch "^--(config|device-root|plugin-dir|metrics-address|log-format|log-level|cdi-dir|pod-resources[a-z-]*)(=|$)" . -}}
-{{- fail (printf "daemon.extraArgs: %q is set by the chart; use the matching value instead (deviceConfig, hostPaths, metrics, daemon.logFormat, daemon.logLevel, podResources)" .) -}}
-{{- end -}}
-{{- end -}}
+{{- include "ate-devplugin.daemonArgsRules" . -}}
 {{- if and (include "ate-devplugin.dra" .) (semverCompare "<1.34-0" .Capabilities.KubeVersion.Version) -}}
 {{- fail (printf "dra.mode=%s needs Kubernetes 1.34 or later (resource.k8s.io/v1); this cluster is %s" .Values.dra.mode .Capabilities.KubeVersion.Version) -}}
 {{- end -}}

@@ -29,12 +29,11 @@ from tests.harness.chart import (
     CI_VALUES,
     HELM_MAJORS,
     MONITORING_KINDS,
-    PROMETHEUS_OPERATOR_MODULE,
-    PROMETHEUS_OPERATOR_VERSION,
     REPO,
     Helm,
     Manifest,
     helm_path,
+    prometheus_operator_crds,
 )
 from tests.harness.require import missing_tool
 
@@ -109,17 +108,10 @@ def _strict(node: Any) -> Any:
 def monitoring_schemas(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """kind -> JSON Schema of monitoring.coreos.com/v1, from the prometheus-operator
     module's CRD YAMLs (example/prometheus-operator-crd/), fetched with `go mod download`."""
-    go = shutil.which("go")
-    if go is None:
-        missing_tool("go (for the prometheus-operator CRDs)", "the Go toolchain (https://go.dev/dl)")
-    workdir = tmp_path_factory.mktemp("gomod")  # outside any go.mod
-    out = subprocess.run(
-        [go, "mod", "download", "-json", f"{PROMETHEUS_OPERATOR_MODULE}@{PROMETHEUS_OPERATOR_VERSION}"],
-        capture_output=True, text=True, cwd=workdir, timeout=600, check=False,
-        env={**os.environ, "GOFLAGS": "-mod=mod", "GOTOOLCHAIN": "local"},
-    )  # fmt: skip
-    assert out.returncode == 0, f"go mod download failed: {out.stderr or out.stdout}"
-    crd_dir = Path(json.loads(out.stdout)["Dir"]) / "example" / "prometheus-operator-crd"
+    try:
+        crd_dir = prometheus_operator_crds(tmp_path_factory.mktemp("gomod"))
+    except LookupError as exc:
+        missing_tool(str(exc), "the Go toolchain (https://go.dev/dl)")
     schemas: dict[str, Any] = {}
     for kind, filename in MONITORING_KINDS.items():
         crd = yaml.safe_load((crd_dir / filename).read_text())

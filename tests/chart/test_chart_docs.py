@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.harness.chart import CHART, Helm, by_kind, one
+from tests.harness.chart import CHART, Helm, by_kind, daemonsets
 
 # Documented as a whole, not key by key.
 WHOLE = {
@@ -52,7 +52,8 @@ def test_schema_describes_every_value() -> None:
             assert key in props, f"{prefix}{key} is in values.yaml but not in values.schema.json"
             sub = props[key]
             if isinstance(value, dict) and sub.get("additionalProperties") is False:
-                check(value, sub["properties"], f"{prefix}{key}.")
+                # Maps keyed by the user's names (pools, prometheusRule.alerts) are empty here.
+                check(value, sub.get("properties", {}), f"{prefix}{key}.")
 
     check(values, schema["properties"], "")
 
@@ -73,27 +74,28 @@ def test_rendered_config_accepted_by_daemon(any_helm: Helm, ci_values: Path, tmp
     if not config_maps:  # the values point at a ConfigMap managed outside the chart
         assert (yaml.safe_load(ci_values.read_text()) or {})["deviceConfig"]["existingConfigMap"]
         return
-    (cm,) = config_maps
-    path = tmp_path / "config.yaml"
-    path.write_text(cm["data"]["config.yaml"])
-    out = subprocess.run(
-        [*_daemon(), "check-config", str(path)], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert out.returncode == 0, (
-        f"check-config refused the chart's config:\n{out.stdout}{out.stderr}\n{path.read_text()}"
-    )
+    for cm in config_maps:  # one per pool
+        path = tmp_path / f"{cm['metadata']['name']}.yaml"
+        path.write_text(cm["data"]["config.yaml"])
+        out = subprocess.run(
+            [*_daemon(), "check-config", str(path)], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert out.returncode == 0, (
+            f"check-config refused the chart's config:\n{out.stdout}{out.stderr}\n{path.read_text()}"
+        )
 
 
 def test_daemon_knows_every_flag(any_helm: Helm, ci_values: Path) -> None:
     out = subprocess.run([*_daemon(), "run", "--help"], capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     known = set(re.findall(r"--[a-z][a-z-]+", out.stdout))
-    container = one(any_helm.template([ci_values]), "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
-    assert container["args"][0] == "run"
     values = yaml.safe_load(ci_values.read_text()) or {}
     extra = set(values.get("daemon", {}).get("extraArgs", []))
-    for arg in container["args"][1:]:
-        if arg in extra:
-            continue
-        flag = arg.split("=", 1)[0]
-        assert flag in known, f"the chart passes {flag}, which `ate-devplugin run` does not know"
+    for ds in daemonsets(any_helm.template([ci_values])):
+        container = ds["spec"]["template"]["spec"]["containers"][0]
+        assert container["args"][0] == "run"
+        for arg in container["args"][1:]:
+            if arg in extra:
+                continue
+            flag = arg.split("=", 1)[0]
+            assert flag in known, f"the chart passes {flag}, which `ate-devplugin run` does not know"

@@ -1,5 +1,6 @@
 """The chart's DRA mode: RBAC with the driver's verbs only, a DeviceClass per resource, the
-token and the plugin directories only when DRA is on, and flags the daemon accepts."""
+token and the plugin directories only when DRA is on, flags the daemon accepts, the
+admission policy that keeps the driver to its node's slices, and egress to the API server."""
 
 from __future__ import annotations
 
@@ -132,3 +133,61 @@ def test_dra_needs_kubernetes_1_34(any_helm: Helm) -> None:
     assert out.returncode != 0
     assert "dra.mode=dra needs Kubernetes 1.34 or later" in out.stderr
     assert any_helm.run("template", "t", str(CHART), "--kube-version", "1.33.0").returncode == 0
+
+
+# --- the ValidatingAdmissionPolicy: the driver writes its own node's slices only -------------
+
+VAP_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+
+
+def test_slice_policy_only_where_the_api_server_serves_it(any_helm: Helm) -> None:
+    kinds = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    assert not {d["kind"] for d in any_helm.template(sets=["dra.mode=dra"])} & kinds, "no API: not rendered"
+    assert not {d["kind"] for d in any_helm.template(api_versions=[VAP_API])} & kinds, "device-plugin mode"
+    off = any_helm.template(sets=["dra.mode=dra", "dra.sliceAdmissionPolicy=false"], api_versions=[VAP_API])
+    assert not {d["kind"] for d in off} & kinds
+    assert {d["kind"] for d in any_helm.template(sets=["dra.mode=both"], api_versions=[VAP_API])} >= kinds
+
+
+def test_slice_policy_names_the_drivers_service_account_and_its_node(any_helm: Helm) -> None:
+    docs = any_helm.template(sets=["dra.mode=dra"], api_versions=[VAP_API], namespace="devices")
+    policy = one(docs, "ValidatingAdmissionPolicy")
+    binding = one(docs, "ValidatingAdmissionPolicyBinding")
+    sa = one(docs, "ServiceAccount")["metadata"]
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["resourceslices"]
+    assert rule["operations"] == ["CREATE", "UPDATE", "DELETE"]
+    (condition,) = spec["matchConditions"]
+    assert condition["expression"] == f'request.userInfo.username == "system:serviceaccount:devices:{sa["name"]}"'
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    assert "authentication.kubernetes.io/node-name" in variables["tokenNode"]
+    assert "oldObject" in variables["sliceNode"], "a DELETE has only the old object"
+    assert [v["expression"] for v in spec["validations"]] == [
+        'variables.tokenNode != ""',
+        "variables.tokenNode == variables.sliceNode",
+    ]
+
+
+# --- egress to the API server when egress is restricted ---------------------------------------
+
+
+def test_restricted_egress_lets_the_driver_reach_the_api_server(any_helm: Helm, write_values: Any) -> None:
+    rule = {"to": [{"ipBlock": {"cidr": "192.0.2.10/32"}}], "ports": [{"port": 6443, "protocol": "TCP"}]}
+    values = write_values(f"dra: {{mode: dra}}\nnetworkPolicy: {{restrictEgress: true, apiServerEgress: [{rule}]}}")
+    egress = one(any_helm.template([values]), "NetworkPolicy")["spec"]["egress"]
+    assert rule in egress
+    # Without the driver no API server egress is added.
+    plain = write_values(f"networkPolicy: {{restrictEgress: true, apiServerEgress: [{rule}]}}")
+    assert rule not in one(any_helm.template([plain]), "NetworkPolicy")["spec"]["egress"]
+
+
+def test_restricted_egress_without_the_address_fails_saying_why(any_helm: Helm) -> None:
+    out = any_helm.run(
+        "template", "t", str(CHART), "--set", "dra.mode=dra", "--set", "networkPolicy.restrictEgress=true"
+    )
+    assert out.returncode != 0
+    assert "the DRA driver must reach the API server" in out.stderr
+    assert "networkPolicy.apiServerEgress" in out.stderr

@@ -21,8 +21,10 @@ from tests.harness.chart import (
     Manifest,
     _minor,
     by_kind,
+    daemonsets,
     oldest_supported_k8s,
     one,
+    pool_values,
     supported_k8s_versions,
 )
 from tests.harness.kubelet import KNOWN_VERSIONS
@@ -54,7 +56,10 @@ def test_objects_valid_for_kubernetes(
         if doc["apiVersion"] == "resource.k8s.io/v1" and _minor(version) < (1, 34):
             checked += 1  # DRA mode needs 1.34 (the chart refuses to render it for older releases)
             continue
-        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+        if doc["kind"].startswith("ValidatingAdmissionPolicy") and _minor(version) < (1, 30):
+            checked += 1  # admissionregistration.k8s.io/v1 since 1.30: rendered only where served
+            continue
+        if doc["apiVersion"].startswith(("monitoring.coreos.com/", "nfd.k8s-sigs.io/")):
             # Their metadata is still a Kubernetes ObjectMeta: check it on a ConfigMap.
             doc = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": doc["metadata"]}
         k8s_validate(doc, version)
@@ -94,7 +99,13 @@ def _container(ds: Manifest) -> Manifest:
 
 def test_daemonset_security(helm: Helm, ci_values: Path) -> None:
     docs = helm.template([ci_values])
-    ds = one(docs, "DaemonSet")
+    for ds in daemonsets(docs):
+        check_daemonset_security(ds, pool_values(yaml.safe_load(ci_values.read_text()) or {}, ds))
+    for sa in by_kind(docs, "ServiceAccount"):
+        assert sa["automountServiceAccountToken"] is False
+
+
+def check_daemonset_security(ds: Manifest, values: dict[str, Any]) -> None:
     pod = ds["spec"]["template"]["spec"]
     c = _container(ds)
     sc = c["securityContext"]
@@ -112,7 +123,7 @@ def test_daemonset_security(helm: Helm, ci_values: Path) -> None:
     assert pod["hostNetwork"] is False
     assert pod["hostPID"] is False
     assert pod["hostIPC"] is False
-    mode = (yaml.safe_load(ci_values.read_text()) or {}).get("dra", {}).get("mode", "device-plugin")
+    mode = values.get("dra", {}).get("mode", "device-plugin")
     # Only the DRA driver calls the API server (test_chart_dra.py checks its RBAC).
     assert pod["automountServiceAccountToken"] is (mode != "device-plugin")
     assert not c.get("ports", [{}])[0].get("hostPort")
@@ -122,7 +133,6 @@ def test_daemonset_security(helm: Helm, ci_values: Path) -> None:
     # two directories; the kubelet's pod-resources directory (ro) only while pods holding
     # units are read.
     host_paths = {v["name"]: v["hostPath"] for v in pod["volumes"] if "hostPath" in v}
-    values = yaml.safe_load(ci_values.read_text()) or {}
     resources = values.get("deviceConfig", {}).get("resources", [])
     uses_cdi = (
         values.get("cdi", {}).get("mount")
@@ -181,9 +191,6 @@ def test_daemonset_security(helm: Helm, ci_values: Path) -> None:
     assert c["resources"]["requests"]
     assert c["resources"]["limits"]
 
-    for sa in by_kind(docs, "ServiceAccount"):
-        assert sa["automountServiceAccountToken"] is False
-
 
 def test_daemonset_defaults(any_helm: Helm) -> None:
     ds = one(any_helm.template(kube_version="1.35.4"), "DaemonSet")  # 1.37's rollout: the test below
@@ -197,7 +204,28 @@ def test_daemonset_defaults(any_helm: Helm) -> None:
     }
     assert c["ports"] == [{"name": "metrics", "containerPort": 9477, "protocol": "TCP"}]
     assert "--metrics-address=0.0.0.0:9477" in c["args"]
-    assert c["image"] == "ate-devplugin:0.1.0"
+    chart = yaml.safe_load((REPO / "chart" / "Chart.yaml").read_text())
+    assert c["image"] == f"ghcr.io/ate-dev/ate-devplugin:{chart['appVersion']}"
+
+
+@pytest.mark.parametrize(
+    ("sets", "image"),
+    [
+        ([], "ghcr.io/ate-dev/ate-devplugin:{v}"),
+        (["image.registry=registry.example.com:5000", "image.repository=platform/ate-devplugin"],
+         "registry.example.com:5000/platform/ate-devplugin:{v}"),
+        # A repository naming its own registry, as before image.registry had a default.
+        (["image.repository=registry.example.com/ate-devplugin", "image.tag=1.2.3"],
+         "registry.example.com/ate-devplugin:1.2.3"),
+        (["image.repository=localhost/ate-devplugin", "image.tag=e2e"], "localhost/ate-devplugin:e2e"),
+        (["image.registry=", "image.repository=ate-devplugin"], "ate-devplugin:{v}"),
+        (["image.repository=team/ate-devplugin"], "ghcr.io/team/ate-devplugin:{v}"),
+    ],
+)  # fmt: skip
+def test_image_reference(any_helm: Helm, sets: list[str], image: str) -> None:
+    version = yaml.safe_load((REPO / "chart" / "Chart.yaml").read_text())["appVersion"]
+    (ds,) = daemonsets(any_helm.template(sets=sets))
+    assert _container(ds)["image"] == image.format(v=version)
 
 
 @pytest.mark.parametrize(
@@ -240,7 +268,12 @@ def test_the_cdi_directory_is_mounted_only_when_cdi_is_used(
 
 
 def test_downward_api_and_otel_env(helm: Helm, ci_values: Path) -> None:
-    c = _container(one(helm.template([ci_values]), "DaemonSet"))
+    for ds in daemonsets(helm.template([ci_values])):
+        check_env(ds)
+
+
+def check_env(ds: Manifest) -> None:
+    c = _container(ds)
     env = {e["name"]: e for e in c["env"]}
     assert env["K8S_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert env["K8S_POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
@@ -255,6 +288,7 @@ def test_downward_api_and_otel_env(helm: Helm, ci_values: Path) -> None:
         assert attrs[attr] == f"$({var})"
         # $(VAR) is expanded only from variables defined earlier in the list.
         assert names.index(var) < names.index("OTEL_RESOURCE_ATTRIBUTES")
+    assert attrs["k8s.daemonset.name"] == ds["metadata"]["name"]
     assert env["OTEL_SERVICE_NAME"]["value"]
     if "OTEL_EXPORTER_OTLP_ENDPOINT" in env:
         assert "OTEL_SDK_DISABLED" not in env

@@ -5,6 +5,7 @@ ConfigMap per dashboards/*.json (and the chart's copy in sync), the install note
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.harness.chart import CHART, REPO, Helm, Manifest, by_kind, one
+from tests.harness.chart import CHART, REPO, Helm, HelmError, Manifest, by_kind, one
 
 MONITORS = {"ServiceMonitor": "serviceMonitor", "PodMonitor": "podMonitor", "PrometheusRule": "prometheusRule"}
 NODE_RELABEL = {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node", "action": "replace"}
@@ -149,7 +150,7 @@ def test_dashboard_options(any_helm: Helm) -> None:
     for cm in maps:
         assert cm["metadata"]["namespace"] == "grafana"
         assert cm["metadata"]["labels"]["grafana_dashboard"] == "ate"
-        assert cm["metadata"]["annotations"] == {"grafana_folder": "Node devices"}
+        assert cm["metadata"]["annotations"] == {"k8s-sidecar-target-directory": "Node devices"}
 
 
 def test_install_notes(helm_v4: Helm) -> None:
@@ -170,3 +171,158 @@ def test_install_notes(helm_v4: Helm) -> None:
     assert pod["kind"] == "Pod"
     assert pod["spec"]["containers"][0]["resources"]["limits"] == {"ate.dev/kvm": 1}
     assert "privileged" not in json.dumps(pod)
+
+
+# --- alerts made for the release ------------------------------------------------------------
+
+SERIES = re.compile(r"\b(up|ate_devplugin_[a-z_]+)\b(\{[^}]*\})?")
+SOURCE_JOB = 'job="ate-devplugin"'
+
+
+def _alerts(docs: list[Manifest]) -> dict[str, dict[str, Any]]:
+    groups = one(docs, "PrometheusRule")["spec"]["groups"]
+    return {r["alert"]: r for g in groups for r in g["rules"] if "alert" in r}
+
+
+def _render_rules(helm: Helm, *sets: str) -> dict[str, dict[str, Any]]:
+    return _alerts(helm.template(sets=["prometheusRule.enabled=true", "forceMonitoringApi=true", *sets]))
+
+
+def test_every_series_an_alert_reads_is_selected_by_job() -> None:
+    """The chart rewrites job="ate-devplugin" and every `by (` / `on (`: the source file
+    must spell them so, or a series or an aggregation would escape the release's values."""
+    for group in _source_groups():
+        for rule in group["rules"]:
+            for found in SERIES.finditer(rule["expr"]):
+                assert SOURCE_JOB in (found[2] or ""), f"{rule.get('alert')}: {found[0]} lacks {SOURCE_JOB}"
+            for found in re.finditer(r"\b(by|on|without)\s*\(", rule["expr"]):
+                assert found[0] in ("by (", "on ("), f"{rule.get('alert')}: write {found[0]!r} as 'by (' or 'on ('"
+
+
+def test_alerts_follow_the_release_name(any_helm: Helm) -> None:
+    source = [r for g in _source_groups() for r in g["rules"] if "alert" in r]
+    alerts = _render_rules(any_helm, "nameOverride=kvm")
+    assert set(alerts) == {r["alert"] for r in source}
+    for rule in source:
+        expr = alerts[rule["alert"]]["expr"]
+        assert "ate-devplugin" not in expr
+        assert expr.count('job="kvm"') == rule["expr"].count(SOURCE_JOB) > 0
+    assert alerts["AteDevpluginDown"]["expr"] == 'up{job="kvm"} == 0'
+    assert alerts["AteDevpluginMetricsAbsent"]["expr"] == 'absent(up{job="kvm"})'
+    # The job the alerts read is the one the monitors give: the jobLabel's value.
+    docs = any_helm.template(sets=["nameOverride=kvm", "serviceMonitor.enabled=true", "forceMonitoringApi=true"])
+    assert one(docs, "Service")["metadata"]["labels"]["app.kubernetes.io/name"] == "kvm"
+    assert one(docs, "ServiceMonitor")["spec"]["jobLabel"] == "app.kubernetes.io/name"
+    # An own selector replaces it whole.
+    mine = _render_rules(any_helm, 'prometheusRule.selector=job="devices"\\,cluster="eu1"')
+    assert mine["AteDevpluginDown"]["expr"] == 'up{job="devices",cluster="eu1"} == 0'
+
+
+def test_aggregation_labels_join_every_by_and_on(any_helm: Helm) -> None:
+    alerts = _render_rules(any_helm, "prometheusRule.aggregationLabels={cluster,region}")
+    joined = 0
+    for rule in alerts.values():
+        for found in re.finditer(r"\b(by|on) \(([^)]*)\)", rule["expr"]):
+            assert found[2].startswith("cluster, region, "), rule["expr"]
+            joined += 1
+    assert joined == sum(len(re.findall(r"\b(by|on) \(", r["expr"])) for g in _source_groups() for r in g["rules"])
+    assert joined >= 4
+    errors = alerts["AteDevpluginAllocateErrors"]["expr"]
+    assert "sum by (cluster, region, namespace, job, node, resource_name, code)" in errors
+
+
+def test_per_alert_settings_and_runbook_prefix(any_helm: Helm, write_values: Any) -> None:
+    values = write_values(
+        yaml.safe_dump({
+            "forceMonitoringApi": True,
+            "prometheusRule": {
+                "enabled": True,
+                "runbookUrl": "https://wiki.example.com/ate#",
+                "ruleAnnotations": {"dashboard_url": "https://grafana.example.com/d/x", "summary": "not this"},
+                "alerts": {
+                    "AteDevpluginDown": {"for": "10m", "severity": "warning", "labels": {"page": "no"}},
+                    "AteDevpluginDevicesUnhealthy": {"annotations": {"summary": "site text"}},
+                },
+            },
+        })
+    )  # fmt: skip
+    alerts = _alerts(any_helm.template([values]))
+    source = {r["alert"]: r for g in _source_groups() for r in g["rules"] if "alert" in r}
+    down = alerts["AteDevpluginDown"]
+    assert down["for"] == "10m"
+    assert down["labels"] == {"severity": "warning", "page": "no"}
+    assert alerts["AteDevpluginDevicesUnhealthy"]["annotations"]["summary"] == "site text"
+    for name, rule in alerts.items():
+        assert rule["annotations"]["runbook_url"] == f"https://wiki.example.com/ate#{name.lower()}"
+        assert rule["annotations"]["dashboard_url"] == "https://grafana.example.com/d/x"
+        if name != "AteDevpluginDevicesUnhealthy":
+            assert rule["annotations"]["summary"] == source[name]["annotations"]["summary"], "an alert's own wins"
+        if name != "AteDevpluginDown":
+            assert rule.get("for") == source[name].get("for")
+            assert rule["labels"] == source[name]["labels"]
+
+
+def test_every_alert_that_needs_a_for_has_one() -> None:
+    for group in _source_groups():
+        for rule in group["rules"]:
+            if "alert" in rule:
+                assert rule.get("for"), f"{rule['alert']} has no for: one bad scrape or sample would page"
+
+
+def test_settings_for_an_unknown_alert_are_refused(any_helm: Helm) -> None:
+    with pytest.raises(HelmError, match=r"prometheusRule\.alerts\.AteDevpluginNoSuch: no such alert"):
+        _render_rules(any_helm, "prometheusRule.alerts.AteDevpluginNoSuch.for=1m")
+    with pytest.raises(HelmError, match="/prometheusRule/alerts"):
+        _render_rules(any_helm, "prometheusRule.alerts.AteDevpluginDown.for=soon")
+
+
+# --- the install notes of each mode -------------------------------------------------------------
+
+
+def _notes(helm_v4: Helm, *sets: str) -> str:
+    args = [a for s in sets for a in ("--set", s)]
+    out = helm_v4.run("install", "ate-devplugin", str(CHART), "--dry-run=client", "-n", "ate-system", *args)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split("NOTES:", 1)[1]
+
+
+def _heredocs(notes: str) -> list[list[dict[str, Any]]]:
+    """The manifests of each `kubectl apply -f - <<'YAML'` block in the notes."""
+    blocks = re.findall(r"<<'YAML'\n(.*?)\n     YAML\n", notes, flags=re.DOTALL)
+    return [[d for d in yaml.safe_load_all("\n".join(line[5:] for line in b.splitlines())) if d] for b in blocks]
+
+
+@pytest.mark.parametrize("mode", ["dra", "both"])
+def test_install_notes_in_dra_modes(helm_v4: Helm, any_helm: Helm, mode: str) -> None:
+    notes = _notes(helm_v4, f"dra.mode={mode}")
+    assert "kubectl -n ate-system rollout status daemonset/ate-devplugin" in notes
+    assert "kubectl get resourceslices --field-selector spec.driver=ate.dev" in notes
+    assert ("allocatable" in notes) is (mode == "both"), "extended resources only where the device plugin runs"
+    assert ("ate.dev/kvm: 1" in notes) is (mode == "both")
+    blocks = _heredocs(notes)
+    claimed = blocks[-1]
+    template, pod = claimed
+    assert template["kind"] == "ResourceClaimTemplate"
+    classes = {c["metadata"]["name"] for c in by_kind(any_helm.template(sets=[f"dra.mode={mode}"]), "DeviceClass")}
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] in classes
+    claim = {"name": request["name"], "resourceClaimTemplateName": template["metadata"]["name"]}
+    assert pod["spec"]["resourceClaims"] == [claim]
+    (container,) = pod["spec"]["containers"]
+    assert container["resources"] == {"claims": [{"name": request["name"]}]}
+    assert "privileged" not in json.dumps(pod)
+    assert f"kubectl delete resourceclaimtemplate {template['metadata']['name']}" in notes
+    assert "grep '^ate_devplugin_" in notes
+    # helm's offline dry run sees no admission policy API: the notes say what that means.
+    assert "no policy keeps the driver to its own node's" in notes
+    off = _notes(helm_v4, f"dra.mode={mode}", "dra.sliceAdmissionPolicy=false")
+    assert "dra.sliceAdmissionPolicy is false" in off
+
+
+def test_install_notes_name_every_pool(helm_v4: Helm) -> None:
+    out = helm_v4.run("install", "ate-devplugin", str(CHART), "--dry-run=client", "-n", "ate-system",
+                      "-f", str(CHART / "ci" / "pools-values.yaml"))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    notes = out.stdout.split("NOTES:", 1)[1]
+    for pool in ("vm", "nfv"):
+        assert f"kubectl -n ate-system rollout status daemonset/ate-devplugin-{pool}" in notes

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.harness.chart import CHART, CI_VALUES, NAMESPACE, Helm, by_kind, one
+from tests.harness.chart import CHART, CI_VALUES, NAMESPACE, Helm, by_kind, daemonsets, one
 from tests.harness.require import require
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -37,14 +37,18 @@ def test_lint_strict_ci_values(helm: Helm, ci_values: Path) -> None:
     assert "[ERROR]" not in out.stdout
 
 
-# The DRA driver's RBAC and DeviceClasses (dra.mode dra or both).
-CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "DeviceClass"}
+# The DRA driver's RBAC, DeviceClasses and admission policy; node-feature-discovery's rule.
+CLUSTER_SCOPED = {
+    "ClusterRole", "ClusterRoleBinding", "DeviceClass", "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding", "NodeFeatureRule",
+}  # fmt: skip
 
 
 def test_template_ci_values(helm: Helm, ci_values: Path) -> None:
     docs = helm.template([ci_values])
     kinds = [d["kind"] for d in docs]
-    assert kinds.count("DaemonSet") == 1
+    pools = (yaml.safe_load(ci_values.read_text()) or {}).get("pools", {})
+    assert kinds.count("DaemonSet") == max(1, len(pools))
     for doc in docs:
         assert doc["apiVersion"], doc
         assert doc["metadata"]["name"], doc
@@ -106,9 +110,9 @@ def test_names_and_labels_within_limits(helm: Helm, ci_values: Path) -> None:
         for key, value in doc["metadata"].get("labels", {}).items():
             assert len(str(value)) <= 63, f"label {key}={value!r} is longer than 63"
             assert LABEL_VALUE.match(str(value)), f"label {key}={value!r} is not a valid label value"
-    ds = one(docs, "DaemonSet")
-    selector = ds["spec"]["selector"]["matchLabels"]
-    assert selector.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    for ds in daemonsets(docs):
+        selector = ds["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
 
 
 def test_standard_labels(any_helm: Helm) -> None:

@@ -1,5 +1,7 @@
-"""The Grafana dashboards: generated from one source, built to conventions, and every
-query answered with data by a real Prometheus that scraped the daemon."""
+"""The Grafana dashboards: generated from one source (with their Perses twins), built to
+conventions, and every query answered with data by a real Prometheus that scraped the daemon.
+grafana/dashboard-linter's rules are in test_lint_rules.py, the rendered Perses dashboards
+in test_dashboards_rendered.py."""
 
 from __future__ import annotations
 
@@ -90,10 +92,40 @@ def variable_query(variable: Json) -> str:
 def test_json_matches_the_generator() -> None:
     gen = load_generator()
     assert set(gen.DASHBOARDS) == set(ALL), "a dashboard JSON file without generator entry, or the reverse"
-    for name, build in gen.DASHBOARDS.items():
-        assert (DASHBOARDS / name).read_text() == gen.render(build), (
-            f"dashboards/{name} differs from dashboards/generate.py: run python dashboards/generate.py"
+    written = {
+        p for p in DASHBOARDS.rglob("*") if p.is_file() and p.name != "generate.py" and "__pycache__" not in p.parts
+    }
+    assert written == set(gen.generated()), "a generated file the generator no longer writes, or the reverse"
+    for path, text in gen.generated().items():
+        assert path.read_text() == text, (
+            f"{path.relative_to(REPO)} differs from dashboards/generate.py: run python dashboards/generate.py"
         )
+
+
+def test_perses_twins_have_the_same_panels() -> None:
+    """Each Perses dashboard shows the Grafana one's panels, rows and queries, in the same order."""
+    for name, grafana in ALL.items():
+        perses = json.loads((DASHBOARDS / "perses" / name).read_text())["spec"]
+        assert perses["display"]["name"] == grafana["title"]
+        rows = [p for p in grafana["panels"] if p["type"] == "row"]
+        assert [layout["spec"]["display"]["title"] for layout in perses["layouts"]] == [r["title"] for r in rows]
+        assert [not layout["spec"]["display"]["collapse"]["open"] for layout in perses["layouts"]] == [
+            r["collapsed"] for r in rows
+        ]
+        grafana_panels = [(p["title"], [t["expr"] for t in p["targets"]]) for p in panels(grafana)]
+        perses_panels = [
+            (
+                perses["panels"][item["content"]["$ref"].split("/")[-1]]["spec"]["display"]["name"],
+                [
+                    q["spec"]["plugin"]["spec"]["query"]
+                    for q in perses["panels"][item["content"]["$ref"].split("/")[-1]]["spec"]["queries"]
+                ],
+            )
+            for layout in perses["layouts"]
+            for item in layout["spec"]["items"]
+        ]
+        assert perses_panels == grafana_panels, name
+        assert [v["spec"]["name"] for v in perses["variables"]] == [v["name"] for v in query_variables(grafana)]
 
 
 def test_the_generator_runs_on_the_pinned_sdk() -> None:
@@ -189,11 +221,19 @@ def test_layout(name: str) -> None:
 def test_variables() -> None:
     fleet = {v["name"]: v for v in query_variables(ALL["ate-devplugin-fleet.json"])}
     node = {v["name"]: v for v in query_variables(ALL["ate-devplugin-node.json"])}
-    assert set(fleet) == set(node) == {"job", "node", "resource"}
+    assert list(fleet) == list(node) == ["cluster", "job", "node", "instance", "resource"]
     assert fleet["node"]["multi"], "the fleet view filters on any set of nodes"
     assert fleet["node"]["includeAll"]
     assert not node["node"]["multi"], "the drill-down shows one node"
     assert not node["node"]["includeAll"]
+    for d in (fleet, node):
+        # The kubernetes-mixin convention: a hidden, single-valued cluster; an empty value matches
+        # series without the label, so one-cluster setups need nothing.
+        assert d["cluster"]["hide"] == 2
+        assert not d["cluster"]["multi"]
+        assert d["job"]["multi"]
+        assert d["job"]["includeAll"]
+        assert d["job"]["allValue"] == ".+"
 
 
 def test_fleet_links_to_the_node_drill_down() -> None:
@@ -213,6 +253,8 @@ def substitute(expr: str, node: str) -> str:
     values = {
         "$__rate_interval": "1m",
         "$__range": "1h",
+        "$cluster": "",  # the Prometheus adds no cluster label
+        "$instance": ".+",
         "$job": "ate-devplugin",
         "$node": node,
         "$resource": RESOURCE.replace(".", "\\\\."),
@@ -282,8 +324,10 @@ def label_values(prom: Prometheus, definition: str, node: str) -> list[str]:
 def test_variables_offer_the_scraped_values(fleet: FleetScenario, name: str) -> None:
     variables = {v["name"]: variable_query(v) for v in query_variables(ALL[name])}
     prom = fleet.prometheus
+    assert label_values(prom, variables["cluster"], ".*") == []
     assert label_values(prom, variables["job"], ".*") == ["ate-devplugin"]
     assert label_values(prom, variables["node"], ".*") == ["node-a", "node-b"]
+    assert label_values(prom, variables["instance"], "node-a") == [fleet.nodes["node-a"].target.address]
     assert label_values(prom, variables["resource"], "node-a") == [RESOURCE]
 
 

@@ -1,7 +1,7 @@
 """The reference pages agree with the daemon: every flag of ``ate-devplugin run`` in
 docs/configuration.md with its environment variable and default, every field of the
 config file in its example, every metric in docs/observability.md or docs/dra.md with
-its labels."""
+its labels; the README installs as the chart README does."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.docs.daemon_facts import DEFAULTS, ENV_PREFIX, metric_labels, run_flags
+from tests.harness.chart import doc_block
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGURATION = REPO / "docs" / "configuration.md"
@@ -75,3 +78,10 @@ def test_every_metric_is_documented_with_its_labels() -> None:
     for name, labels in exported.items():
         # resource_name is on every series unless a row says otherwise; a row may name it.
         assert documented[name] - {"resource_name"} == labels - {"resource_name"}, f"{name}: labels {sorted(labels)}"
+
+
+@pytest.mark.parametrize("block", ["install", "verify"])
+def test_the_readme_installs_as_the_chart_readme_does(block: str) -> None:
+    """The README's install commands are the chart README's, which the real-cluster suite
+    runs as printed (tests/e2e/test_user_path.py)."""
+    assert doc_block(block, REPO / "README.md") == doc_block(block)

@@ -112,6 +112,8 @@ class Cluster:
         self.pki = workdir / "pki"
         self.kubeconfig = self.pki / "admin.kubeconfig"
         self.containerd_sock = "/run/containerd/containerd.sock"
+        # The CRI plugin's registry config_path: <host>/hosts.toml per registry (tests/e2e/registry.py).
+        self.registry_hosts = workdir / "containerd" / "certs.d"
         suffix = "" if runtime == DEBIAN_CONTAINERD else f"-{runtime}"
         self.cgroup_root = f"/ate-e2e-{os.getpid()}{suffix}"
         # Device nodes owned by the pod's user: on for containerd 1.6, the setting the
@@ -125,7 +127,7 @@ class Cluster:
 
     def up(self) -> None:
         start = time.monotonic()
-        for d in ("pki", "cni/net.d", "containerd", "etcd", "kubelet"):
+        for d in ("pki", "cni/net.d", "containerd/certs.d", "etcd", "kubelet"):
             (self.dir / d).mkdir(parents=True, exist_ok=True)
         self._certificates()
         self._network()
@@ -233,6 +235,8 @@ state = "/run/containerd/state"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{CNI_BIN_DIR}"
     conf_dir = "{self.dir}/cni/net.d"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{self.registry_hosts}"
 """)
         return path
 
@@ -274,6 +278,8 @@ state = "/run/containerd/state"
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["{CNI_BIN_DIR}"]
     conf_dir = "{self.dir}/cni/net.d"
+[plugins.'io.containerd.cri.v1.images'.registry]
+  config_path = "{self.registry_hosts}"
 """)
         return path
 

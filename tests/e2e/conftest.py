@@ -12,8 +12,9 @@ bridge in the host's network namespace, no process of the cluster left, no cgrou
 
 Needs root, util-linux (unshare, nsenter), /dev/kvm, Debian's containerd, runc,
 etcd-server and containernetworking-plugins (tools/setup.sh test installs them), the
-Kubernetes binaries (tools/build-k8s.sh), helm v3 and v4 (tools/build-helm.sh) and, for
-the second cluster, containerd 2 (tools/build-containerd.sh). What is
+Kubernetes binaries (tools/build-k8s.sh), helm v3 and v4 (tools/build-helm.sh),
+Debian's docker-registry for the user path's registry and, for the second cluster,
+containerd 2 (tools/build-containerd.sh). What is
 missing skips the suite, or fails it when ``CI=true`` or ``E2E_REQUIRED=1``.
 """
 
@@ -30,6 +31,8 @@ import pytest
 
 from tests.e2e.cluster import BRIDGE, CNI_BIN_DIR, CONTAINERD2, CONTAINERD2_BINARIES, DEBIAN_CONTAINERD, Cluster
 from tests.e2e.images import save_pause_image, save_plugin_image
+from tests.e2e.registry import INSTALL as REGISTRY_INSTALL
+from tests.e2e.registry import Registry
 from tests.e2e.sandbox import Sandbox, children
 from tests.e2e.userpath import Helm
 from tests.harness.chart import helm_path
@@ -139,6 +142,24 @@ def make_helm(major: str, cluster: Cluster) -> Helm:
     path = helm_path(major)
     assert path is not None, f"helm {major} not built"
     return Helm(major, path, cluster)
+
+
+@pytest.fixture(scope="session")
+def registry(cluster: Cluster) -> Iterator[Registry]:
+    """The OCI registry of tests/e2e/registry.py in the cluster's sandbox, known to its
+    containerd; the user path publishes the release there."""
+    if shutil.which("docker-registry") is None:
+        why = f"no docker-registry: {REGISTRY_INSTALL} (or tools/setup.sh test)"
+        if required():
+            pytest.fail(f"{why} (CI=true or E2E_REQUIRED=1)")
+        pytest.skip(why)
+    registry = Registry(cluster.sandbox, cluster.dir / "registry")
+    registry.start()
+    try:
+        registry.configure_containerd(cluster.registry_hosts)
+        yield registry
+    finally:
+        registry.stop()
 
 
 @pytest.fixture(scope="session")

@@ -137,7 +137,8 @@ def prometheus(cluster_containerd2: Cluster, helm_containerd2: Helm, installed: 
 def dra_panel_results(prometheus: SandboxPrometheus) -> dict[str, list[float]]:
     """Each dashboard query that reads the DRA series, over the time Prometheus has run (as a
     panel draws it): {where: its finite values}."""
-    values = {"$__rate_interval": "1m", "$__range": "1h", "$job": "ate-devplugin", "$node": NODE,
+    values = {"$__rate_interval": "1m", "$__range": "1h", "$cluster": "", "$job": "ate-devplugin", "$node": NODE,
+              "$instance": ".+",
               "$resource": RESOURCE.replace(".", "\\\\.")}  # fmt: skip
     end = time.time()
     found = {}

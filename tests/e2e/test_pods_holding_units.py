@@ -126,7 +126,8 @@ def selector(holder: dict[str, str]) -> str:
 
 def panel_results(prometheus: SandboxPrometheus) -> dict[str, list[Any]]:
     """Each dashboard query that reads the pod series, run now: {where: samples}."""
-    values = {"$__rate_interval": "1m", "$__range": "1h", "$job": "ate-devplugin", "$node": NODE,
+    values = {"$__rate_interval": "1m", "$__range": "1h", "$cluster": "", "$job": "ate-devplugin", "$node": NODE,
+              "$instance": ".+",
               "$resource": RESOURCE.replace(".", "\\\\.")}  # fmt: skip
     found = {}
     for path in sorted((REPO / "dashboards").glob("*.json")):
@@ -207,7 +208,7 @@ def test_a_lost_device_counts_the_pod_names_it_and_fires_the_alert(
         assert alert["labels"]["node"] == NODE
         assert alert["labels"]["resource_name"] == RESOURCE
         assert alert["labels"]["severity"] == "critical"
-        assert alert["annotations"]["description"].startswith(f"1 pod(s) on node {NODE} have held units of")
+        assert alert["annotations"]["description"].startswith(f"1 pod(s) on node {NODE} hold units of")
         (series,) = next(v for k, v in panel_results(prometheus).items() if "'Pods on nodes whose device is gone'" in k)
         assert series.value == 1, "the fleet panel's query counts the pod"
         print(f"fleet panel 'Pods on nodes whose device is gone': {series.labels} = {series.value}")

@@ -1,10 +1,15 @@
-"""The user's path on a real one-node cluster: ``helm install``, a pod that opens /dev/kvm
-without privilege, a kubelet restart, a plugin pod replaced, ``helm upgrade``, ``helm
-uninstall``, and a real Prometheus scraping the plugin through service discovery.
+"""The user's path on a real one-node cluster: the release published by tools/release.sh
+to a real OCI registry, ``helm install`` of it with the very commands chart/README.md
+prints, the node pulling the image from the registry, a pod that opens /dev/kvm without
+privilege, a kubelet restart, a plugin pod replaced, ``helm upgrade``, ``helm uninstall``,
+and a real Prometheus scraping the plugin through service discovery.
 
 The tests run in file order and share one release (installed with helm v3 by the first
 test, removed by the uninstall test); helm v4 installs and uninstalls it once more at the
-end. Each test asserts what the user would check with kubectl, curl and Prometheus.
+end. Every install and upgrade names the published chart, and none sets an image: the
+chart's default, ``ghcr.io/ate-dev/ate-devplugin:<version>``, is what the node pulls
+(tests/e2e/registry.py serves that name inside the sandbox). Each test asserts what the
+user would check with kubectl, curl and Prometheus.
 
 The node's allocatable lags the plugin pod's Ready by up to the kubelet's node status
 period (10 s by default): every test waits on allocatable itself, never on Ready alone.
@@ -13,6 +18,7 @@ period (10 s by default): every test waits on allocatable itself, never on Ready
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -22,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from tests.e2e.cluster import NODE, Cluster, wait_until
+from tests.e2e.cluster import API, API_PORT_ON_BRIDGE, NODE, NODE_IP, Cluster, wait_until
 from tests.e2e.monitoring import (
     EndpointsDiscovery,
     SandboxPrometheus,
@@ -32,8 +39,11 @@ from tests.e2e.monitoring import (
     fill,
     rendered_service_monitor,
 )
+from tests.e2e.registry import Registry
 from tests.e2e.userpath import (
+    CHART,
     NAMESPACE,
+    RELEASE,
     RESOURCE,
     Helm,
     consumer_pod,
@@ -46,6 +56,8 @@ from tests.e2e.userpath import (
     wait_plugin_ready,
     watch_exit_code,
 )
+from tests.harness.chart import doc_block, helm_path, prometheus_operator_crds
+from tests.harness.image import BuiltImage, buildah
 from tests.harness.monitoring import reads_dra, reads_pod_resources
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,14 +66,80 @@ TUN = "ate.dev/tun"
 #: A group for the device node of scenario 3b (kvm's fixed GID on Fedora and RHEL).
 KVM_GID = 36
 EACCES = "PermissionError: [Errno 13] Permission denied: '/dev/kvm'"
+VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
+PUBLISHED_CHART = "oci://ghcr.io/ate-dev/charts/ate-devplugin"
+IMAGE_REPOSITORY = "ate-dev/ate-devplugin"
+PUBLISHED_IMAGE = f"ghcr.io/{IMAGE_REPOSITORY}:{VERSION}"
+
+
+# --- 0. the release, published as tools/release.sh publishes it ------------------------------
+
+
+def release(cluster: Cluster, registry: Registry, image: BuiltImage, path: str) -> str:
+    """``REGISTRY=<path> tools/release.sh --push-only VERSION``: the session's image (built
+    by tools/build-image.sh), labelled, under the release's name there, pushed by buildah,
+    and the chart packaged and pushed by `helm push`."""
+    helm_v3 = helm_path("v3")
+    assert helm_v3 is not None
+    home = cluster.dir / "release-helm"
+    name = f"{path}/ate-devplugin:{VERSION}"
+    # The session's image with one label more, so its own image ID: kubelet 1.35
+    # (KubeletEnsureSecretPulledImages) checks pull credentials for every name of an image
+    # ID it has pulled, so a pull of the very image the node has preloaded under
+    # localhost/ate-devplugin:e2e would refuse that name to pods with pullPolicy Never.
+    container = buildah("from", "--pull-never", image.name).stdout.strip()
+    try:
+        buildah("config", "--label", f"io.ate-devplugin.e2e.published-as={path}", container)
+        buildah("commit", "--quiet", container, name, timeout=600)
+    finally:
+        buildah("rm", container, check=False)
+    try:
+        out = registry.run_outside(
+            [str(REPO / "tools" / "release.sh"), "--push-only", VERSION],
+            env={"REGISTRY": path, "HELM": str(helm_v3), "HELM_CACHE_HOME": f"{home}/cache",
+                 "HELM_CONFIG_HOME": f"{home}/config", "HELM_DATA_HOME": f"{home}/data"},
+        )  # fmt: skip
+    finally:
+        buildah("rmi", name, check=False)
+    return out.stdout
+
+
+@pytest.fixture(scope="module")
+def published(cluster: Cluster, registry: Registry, image: BuiltImage) -> str:
+    """The release as the documentation names it: ghcr.io/ate-dev."""
+    out = release(cluster, registry, image, "ghcr.io/ate-dev")
+    assert registry.tags(IMAGE_REPOSITORY) == [VERSION]
+    assert registry.tags("ate-dev/charts/ate-devplugin") == [VERSION]
+    assert f"helm install ate-devplugin {PUBLISHED_CHART} --version {VERSION}" in out
+    return out
+
+
+@pytest.fixture(scope="module")
+def helm(helm: Helm, registry: Registry, published: str) -> Helm:
+    """helm v3 as the user runs it: the published chart, the chart's default image."""
+    return dataclasses.replace(
+        helm, chart=(PUBLISHED_CHART, "--version", VERSION), image_values=(), env=registry.client_env()
+    )
+
+
+@pytest.fixture(scope="module")
+def helm_v4(helm_v4: Helm, registry: Registry, published: str) -> Helm:
+    return dataclasses.replace(
+        helm_v4, chart=(PUBLISHED_CHART, "--version", VERSION), image_values=(), env=registry.client_env()
+    )
+
+
+def node_images(cluster: Cluster) -> list[str]:
+    return cluster.ctr("images", "ls", "-q").stdout.split()
 
 
 @pytest.fixture(scope="module")
 def installed(cluster: Cluster, helm: Helm) -> Iterator[dict[str, Any]]:
-    """``helm install`` with helm v3, as the README says; uninstalled at the end if a test
-    did not do it."""
+    """chart/README.md's install command, run as it is with helm v3; uninstalled at the end
+    if a test did not do it."""
+    assert not [i for i in node_images(cluster) if i.startswith("ghcr.io/")], "nothing of the release preloaded"
     start = time.monotonic()
-    out = helm.install()
+    out = helm.shell(doc_block("install"), cluster.dir)
     ready = [is_ready(p) for p in plugin_pods(cluster)]
     record = {"notes": out.stdout, "helm_seconds": time.monotonic() - start, "ready_when_helm_returned": ready}
     try:
@@ -78,18 +156,41 @@ def registered(cluster: Cluster, pod: dict[str, Any], resource: str = RESOURCE) 
 # --- 1. helm install ---------------------------------------------------------------------
 
 
-def test_helm_install_makes_the_node_offer_kvm(cluster: Cluster, installed: dict[str, Any]) -> None:
+def test_helm_install_makes_the_node_offer_kvm(
+    cluster: Cluster, installed: dict[str, Any], helm: Helm, registry: Registry
+) -> None:
     assert "rollout status daemonset/ate-devplugin" in installed["notes"], "NOTES say what to wait on"
+    verify = helm.shell(doc_block("verify"), cluster.dir)  # the README's check, as printed
+    assert "successfully rolled out" in verify.stdout
     pod = wait_plugin_ready(cluster)
     lag = cluster.wait_node_resource(RESOURCE, "4096")
     print(
-        f"helm install --wait returned after {installed['helm_seconds']:.1f}s with plugin pods Ready: "
+        f"helm install returned after {installed['helm_seconds']:.1f}s with plugin pods Ready: "
         f"{installed['ready_when_helm_returned']}; allocatable 4096 {lag:.1f}s after the rollout"
     )
+    table = helm.shell(doc_block("verify"), cluster.dir).stdout.splitlines()
+    assert [row.split() for row in table[-2:]] == [["NODE", "KVM"], [NODE, "4096"]], table
     assert cluster.node_resource("capacity", RESOURCE) == "4096"
     assert registered(cluster, pod) == 1
     status, body = cluster.sandbox.http_get(f"http://{pod['status']['podIP']}:9477/readyz")
     assert status == 200, body
+
+
+def test_the_node_pulled_the_published_image(cluster: Cluster, installed: dict[str, Any], registry: Registry) -> None:
+    """The chart's default image, pulled by the node's containerd from the registry: the
+    pod runs the very manifest the registry serves under the release's tag."""
+    (pod,) = plugin_pods(cluster)
+    (status,) = pod["status"]["containerStatuses"]
+    assert pod["spec"]["containers"][0]["image"] == PUBLISHED_IMAGE
+    digest = registry.manifest_digest(IMAGE_REPOSITORY, VERSION)
+    assert status["imageID"] == f"ghcr.io/{IMAGE_REPOSITORY}@{digest}", status
+    about = f"involvedObject.name={pod['metadata']['name']}"
+    events = cluster.get_json("events", "-n", NAMESPACE, "--field-selector", about)
+    pulled = [e["message"] for e in events["items"] if e["reason"] == "Pulled"]
+    assert pulled, [e["reason"] for e in events["items"]]
+    assert PUBLISHED_IMAGE in pulled[0]
+    assert "already present" not in pulled[0], pulled
+    assert PUBLISHED_IMAGE in node_images(cluster)
 
 
 # --- 7 (started early: it watches the whole path). Prometheus through service discovery --
@@ -120,6 +221,156 @@ def test_prometheus_finds_the_plugin_pod_with_the_service_monitor_labels(
     assert labels["pod"] == pod["metadata"]["name"]
     assert labels["node"] == NODE
     assert labels["job"] == "ate-devplugin"
+
+
+def test_a_release_elsewhere_names_its_own_image(
+    cluster: Cluster, registry: Registry, image: BuiltImage, helm: Helm
+) -> None:
+    """Published under another path (a mirror, a fork), the chart's default image is the
+    one pushed with it: the user installs it without setting an image."""
+    release(cluster, registry, image, "ghcr.io/mirror")
+    assert registry.tags("mirror/ate-devplugin") == [VERSION]
+    out = helm.run("template", RELEASE, "oci://ghcr.io/mirror/charts/ate-devplugin", "--version", VERSION,
+                   "--show-only", "templates/daemonset.yaml")  # fmt: skip
+    ds = yaml.safe_load(out.stdout)
+    assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == f"ghcr.io/mirror/ate-devplugin:{VERSION}"
+
+
+# --- 1b. with kube-prometheus-stack, as chart/README.md says -------------------------------
+
+
+@pytest.fixture
+def monitoring_crds(cluster: Cluster, tmp_path: Path) -> Iterator[None]:
+    """prometheus-operator's CRDs, as kube-prometheus-stack installs them; removed after."""
+    try:
+        crd_dir = prometheus_operator_crds(tmp_path)
+    except LookupError as exc:
+        pytest.fail(f"{exc} is needed for the kube-prometheus-stack commands")
+    kinds = ("servicemonitors", "podmonitors", "prometheusrules")
+    files = [str(crd_dir / f"monitoring.coreos.com_{k}.yaml") for k in kinds]
+    for path in files:
+        cluster.kubectl("apply", "--server-side", "-f", path)
+    try:
+        crds = [f"crd/{k}.monitoring.coreos.com" for k in kinds]
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", *crds)
+        yield
+    finally:
+        for path in files:
+            cluster.kubectl("delete", "--ignore-not-found", "-f", path, check=False)
+
+
+def test_kube_prometheus_stack_commands_keep_the_image_and_the_pod(
+    cluster: Cluster, installed: dict[str, Any], helm: Helm, monitoring_crds: None
+) -> None:
+    """The README's kube-prometheus-stack commands, run as printed: a values file and
+    `helm upgrade --install` with it. The monitors get the label the stack's Prometheus
+    selects on, the image stays the published one (no value of it was given, none is
+    dropped), and the plugin pod is not even restarted: its template did not change."""
+    (before,) = plugin_pods(cluster)
+    try:
+        helm.shell(doc_block("kube-prometheus-stack"), cluster.dir)
+        for kind in ("servicemonitor", "prometheusrule"):
+            (obj,) = cluster.get_json(kind, "-n", NAMESPACE)["items"]
+            assert obj["metadata"]["labels"]["release"] == "kube-prometheus-stack", obj["metadata"]
+        rule = cluster.get_json("prometheusrule", "-n", NAMESPACE)["items"][0]
+        exprs = [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
+        assert 'up{job="ate-devplugin"} == 0' in exprs
+        ds = cluster.get_json("daemonset", "-n", NAMESPACE, RELEASE)
+        assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == PUBLISHED_IMAGE
+        pod = wait_plugin_ready(cluster)
+        assert pod["metadata"]["uid"] == before["metadata"]["uid"]
+    finally:
+        helm.upgrade()  # back to the defaults, before the CRDs go
+    assert not cluster.get_json("servicemonitor", "-n", NAMESPACE)["items"]
+
+
+# --- 1c. DRA against this API server: the egress it needs, and its admission policy --------
+
+
+def test_dra_egress_and_policy_come_from_the_cluster(cluster: Cluster, helm: Helm) -> None:
+    """What the chart renders for dra.mode=dra with egress restricted, looked up from this
+    API server (helm's server-side dry run): egress to the `kubernetes` Service and to the
+    API server behind it, and the admission policy, since this API server serves it."""
+    # --dry-run=server: lookups reach the API server; --validate: its APIs are the Capabilities.
+    out = helm.run("template", "dra-check", *helm.chart, "-n", NAMESPACE, "--dry-run=server", "--validate",
+                   "--set", "dra.mode=dra", "--set", "networkPolicy.restrictEgress=true")  # fmt: skip
+    docs = {d["kind"]: d for d in yaml.safe_load_all(out.stdout) if d}
+    egress = docs["NetworkPolicy"]["spec"]["egress"]
+    assert {"to": [{"ipBlock": {"cidr": "10.96.0.1/32"}}], "ports": [{"port": 443, "protocol": "TCP"}]} in egress
+    api = {"to": [{"ipBlock": {"cidr": f"{NODE_IP}/32"}}], "ports": [{"port": API_PORT_ON_BRIDGE, "protocol": "TCP"}]}
+    assert api in egress, egress
+    assert {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= set(docs)
+
+
+def slice_manifest(name: str, node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
+        "spec": {"driver": "ate.dev", "nodeName": node, "devices": [],
+                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}},
+    }  # fmt: skip
+
+
+def test_slice_policy_keeps_a_token_to_its_own_node(cluster: Cluster, installed: dict[str, Any], helm: Helm) -> None:
+    """The chart's DRA RBAC and admission policy on this API server, exercised with a token
+    bound to the running plugin pod (as the kubelet gives the driver its token): the slices
+    of its node may be written, another node's may not."""
+    (pod,) = plugin_pods(cluster)
+    account = pod["spec"]["serviceAccountName"]
+    # Another release name (the install's own is taken), for the running pod's ServiceAccount.
+    out = helm.run("template", "dra-check", *helm.chart, "-n", NAMESPACE, "--dry-run=server", "--validate",
+                   "--set", "dra.mode=dra", "--set", "serviceAccount.create=false",
+                   "--set", f"serviceAccount.name={account}",
+                   "--show-only", "templates/dra-rbac.yaml",
+                   "--show-only", "templates/dra-admission-policy.yaml")  # fmt: skip
+    objects = [d for d in yaml.safe_load_all(out.stdout) if d]
+    assert {d["kind"] for d in objects} >= {"ClusterRole", "ValidatingAdmissionPolicy"}
+    token = cluster.kubectl("create", "token", account, "-n", NAMESPACE,
+                            "--bound-object-kind", "Pod", "--bound-object-name", pod["metadata"]["name"],
+                            "--bound-object-uid", pod["metadata"]["uid"], "--duration", "10m")  # fmt: skip
+    driver = cluster.dir / "driver.kubeconfig"  # the token only: no client certificate to fall back on
+    driver.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "e2e",
+        "clusters": [{"name": "e2e", "cluster": {"server": API, "certificate-authority": str(cluster.pki / "ca.crt")}}],
+        "users": [{"name": "driver", "user": {"token": token}}],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "driver"}}],
+    }))  # fmt: skip
+
+    def as_driver(*args: str, stdin: str | None = None) -> tuple[int, str]:
+        result = cluster.sandbox.run([str(cluster.bin / "kubectl"), "--kubeconfig", str(driver), *args],
+                                     stdin=stdin, check=False)  # fmt: skip
+        return result.returncode, result.stdout + result.stderr
+
+    for obj in objects:
+        cluster.apply(obj)
+    try:
+        # The policy takes effect once the API server has loaded it: until the write is refused.
+        other = json.dumps(slice_manifest("policy-check-other", "other-node"))
+
+        def refused() -> str | None:
+            code, text = as_driver("create", "-f", "-", stdin=other)
+            if code == 0:
+                as_driver("delete", "resourceslice", "policy-check-other")
+                return None
+            return text
+
+        message = wait_until("the policy to refuse another node's slice", refused, 60, interval=1)
+        assert "may write only that node's ResourceSlices, not those of node other-node" in message, message
+        assert f"the DRA driver on node {NODE}" in message
+        code, text = as_driver("create", "-f", "-", stdin=json.dumps(slice_manifest("policy-check-own", NODE)))
+        assert code == 0, text
+        code, text = as_driver("delete", "resourceslice", "policy-check-own")
+        assert code == 0, text
+        # Without the policy, RBAC alone lets the same token write another node's slice.
+        for obj in objects:
+            if obj["kind"].startswith("ValidatingAdmissionPolicy"):
+                cluster.kubectl("delete", obj["kind"], obj["metadata"]["name"])
+        allowed = lambda: as_driver("create", "-f", "-", stdin=other)[0] == 0  # noqa: E731
+        wait_until("RBAC alone to allow it", allowed, 60, interval=1)
+    finally:
+        cluster.kubectl("delete", "resourceslice", "policy-check-own", "policy-check-other", "--ignore-not-found",
+                        check=False)  # fmt: skip
+        for obj in objects:
+            cluster.kubectl("delete", obj["kind"], obj["metadata"]["name"], "--ignore-not-found", check=False)
 
 
 # --- 2. a consumer pod --------------------------------------------------------------------
@@ -266,7 +517,8 @@ def test_device_gone_and_back_is_seen_by_the_node(
 
 
 def test_every_dashboard_query_returns_data_from_the_cluster(cluster: Cluster, prometheus: SandboxPrometheus) -> None:
-    values = {"$__rate_interval": "1m", "$__range": "1h", "$job": "ate-devplugin", "$node": NODE,
+    values = {"$__rate_interval": "1m", "$__range": "1h", "$cluster": "", "$job": "ate-devplugin", "$node": NODE,
+              "$instance": ".+",
               "$resource": RESOURCE.replace(".", "\\\\.")}  # fmt: skip
     # The plugin pod was just replaced (previous test): wait until its own series are in.
     (pod,) = plugin_pods(cluster)
@@ -414,10 +666,11 @@ def test_helm_uninstall_removes_the_socket_and_the_resource(
 
 
 def test_helm_v4_install_and_uninstall(cluster: Cluster, helm_v4: Helm) -> None:
+    """chart/README.md's install command once more, with helm v4 as `helm`."""
     start = time.monotonic()
-    out = helm_v4.install()
+    out = helm_v4.shell(doc_block("install"), cluster.dir)
     ready = [is_ready(p) for p in plugin_pods(cluster)]
-    print(f"helm v4 install --wait returned after {time.monotonic() - start:.1f}s with plugin pods Ready: {ready}")
+    print(f"helm v4 install returned after {time.monotonic() - start:.1f}s with plugin pods Ready: {ready}")
     try:
         assert "rollout status daemonset/ate-devplugin" in out.stdout
         pod = wait_plugin_ready(cluster)

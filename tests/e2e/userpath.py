@@ -8,7 +8,7 @@ import json
 import subprocess
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,25 +57,47 @@ print(json.dumps(r))
 
 @dataclass
 class Helm:
-    """A real helm CLI (v3 or v4) run inside the sandbox against the cluster."""
+    """A real helm CLI (v3 or v4) run inside the sandbox against the cluster.
+
+    ``chart`` is what install and upgrade name (default the checkout's chart, with the
+    image preloaded on the node: ``image_values``); the user path names the published
+    chart and no image values. ``env`` is added to helm's (a registry's CA)."""
 
     major: str
     path: Path
     cluster: Cluster
+    chart: tuple[str, ...] = (str(CHART),)
+    image_values: tuple[str, ...] = IMAGE_VALUES
+    env: dict[str, str] = field(default_factory=dict)
+
+    def environment(self) -> dict[str, str]:
+        home = self.cluster.dir / f"helm-{self.major}"
+        return {**self.cluster.env, "HELM_CACHE_HOME": f"{home}/cache", "HELM_CONFIG_HOME": f"{home}/config",
+                "HELM_DATA_HOME": f"{home}/data", **self.env}  # fmt: skip
 
     def run(self, *args: str, check: bool = True, timeout: float = 400) -> subprocess.CompletedProcess[str]:
-        home = self.cluster.dir / f"helm-{self.major}"
-        env = {**self.cluster.env, "HELM_CACHE_HOME": f"{home}/cache", "HELM_CONFIG_HOME": f"{home}/config",
-               "HELM_DATA_HOME": f"{home}/data"}  # fmt: skip
-        return self.cluster.sandbox.run([str(self.path), *args], env=env, check=check, timeout=timeout)
+        return self.cluster.sandbox.run([str(self.path), *args], env=self.environment(), check=check, timeout=timeout)
+
+    def shell(self, script: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        """``script`` as a user types it (sh -e), in ``cwd``, with this helm as ``helm`` and the
+        cluster's kubectl as ``kubectl`` on PATH."""
+        bin_dir = cwd / f".helm-{self.major}-bin"
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        link = bin_dir / "helm"
+        link.unlink(missing_ok=True)
+        link.symlink_to(self.path)
+        env = self.environment()
+        env["PATH"] = f"{bin_dir}:{env['PATH']}"
+        return self.cluster.sandbox.run(["sh", "-ec", f"cd {cwd}\n{script}"], env=env, timeout=timeout)
 
     def install(self, *values: str) -> subprocess.CompletedProcess[str]:
-        return self.run("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
-                        *IMAGE_VALUES, *values, "--wait", "--timeout", "5m")  # fmt: skip
+        return self.run("install", RELEASE, *self.chart, "--namespace", NAMESPACE, "--create-namespace",
+                        *self.image_values, *values, "--wait", "--timeout", "5m")  # fmt: skip
 
     def upgrade(self, *values: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return self.run("upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, *IMAGE_VALUES, *values,
-                        "--wait", "--timeout", "5m", check=check)  # fmt: skip
+        """The chart's defaults plus ``values``: given none, helm would reuse the last release's."""
+        return self.run("upgrade", RELEASE, *self.chart, "--namespace", NAMESPACE, "--reset-values",
+                        *self.image_values, *values, "--wait", "--timeout", "5m", check=check)  # fmt: skip
 
     def uninstall(self) -> subprocess.CompletedProcess[str]:
         return self.run("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "2m")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,6 +31,22 @@ MONITORING_KINDS = {
 }
 
 Manifest = dict[str, Any]
+
+
+def prometheus_operator_crds(workdir: Path) -> Path:
+    """The prometheus-operator module's CRD YAMLs (example/prometheus-operator-crd/), fetched
+    through the Go module proxy with `go mod download` (``workdir``: outside any go.mod).
+    Raises LookupError without go, AssertionError when the download fails."""
+    go = shutil.which("go")
+    if go is None:
+        raise LookupError("go (for the prometheus-operator CRDs)")
+    out = subprocess.run(
+        [go, "mod", "download", "-json", f"{PROMETHEUS_OPERATOR_MODULE}@{PROMETHEUS_OPERATOR_VERSION}"],
+        capture_output=True, text=True, cwd=workdir, timeout=600, check=False,
+        env={**os.environ, "GOFLAGS": "-mod=mod", "GOTOOLCHAIN": "local"},
+    )  # fmt: skip
+    assert out.returncode == 0, f"go mod download failed: {out.stderr or out.stdout}"
+    return Path(json.loads(out.stdout)["Dir"]) / "example" / "prometheus-operator-crd"
 
 
 def helm_path(major: str) -> Path | None:
@@ -79,7 +97,7 @@ class Helm:
             args += ["--values", str(v)]
         for s in sets:
             args += ["--set", s]
-        for a in api_versions:
+        for a in [*api_versions, *(a for v in values for a in declared_api_versions(v))]:
             args += ["--api-versions", a]
         key = tuple(args)
         if key not in self._cache:
@@ -92,6 +110,37 @@ class Helm:
     def template(self, *args: Any, **kwargs: Any) -> list[Manifest]:
         docs = yaml.safe_load_all(self.template_text(*args, **kwargs))
         return [d for d in docs if d]
+
+
+def doc_block(name: str, doc: Path = CHART / "README.md") -> str:
+    """The shell block after ``<!-- tested: NAME -->`` in ``doc``, as a shell reads it (the
+    list item's indentation removed): the commands the documentation prints, for the tests
+    that run them."""
+    found = re.search(rf"<!-- tested: {re.escape(name)} -->\n( *)```sh\n(.*?)\n *```", doc.read_text(), re.DOTALL)
+    assert found, f"{doc.name} has no block marked <!-- tested: {name} -->"
+    indent = len(found[1])
+    return "\n".join(line[indent:] for line in found[2].splitlines()) + "\n"
+
+
+def declared_api_versions(values: Path) -> list[str]:
+    """The APIs a values file says its render assumes, on a ``# helm-api-versions: A, B``
+    line: what a cluster would serve (a ci/ file that renders the ValidatingAdmissionPolicy)."""
+    found = re.search(r"^# helm-api-versions: (.+)$", Path(values).read_text(), flags=re.MULTILINE)
+    return [a.strip() for a in found[1].split(",")] if found else []
+
+
+def daemonsets(docs: list[Manifest]) -> list[Manifest]:
+    """The DaemonSets of a render: one, or one per pool."""
+    found = by_kind(docs, "DaemonSet")
+    assert found, "no DaemonSet"
+    return found
+
+
+def pool_values(values: dict[str, Any], ds: Manifest) -> dict[str, Any]:
+    """The values a DaemonSet was rendered from: those of the file, with each key its
+    pool (label ate.dev/pool) sets replaced as the chart replaces it."""
+    pool = ds["metadata"]["labels"].get("ate.dev/pool")
+    return {**values, **values["pools"][pool]} if pool else values
 
 
 def by_kind(docs: list[Manifest], kind: str) -> list[Manifest]:

@@ -25,7 +25,7 @@ from tests.harness.daemon import DevicePluginDaemon
 from tests.harness.devices import make_device_root, remove_device_node
 from tests.harness.kubelet import PLUGIN_DIR, KubeletBench, Namespace, built_versions, missing_prerequisites
 from tests.harness.otlp import OtlpReceiver
-from tests.harness.prometheus import Prometheus, PrometheusConfig, ScrapeTarget
+from tests.harness.prometheus import DEFAULT_JOB, Prometheus, PrometheusConfig, ScrapeTarget
 from tests.harness.wait import wait_until
 
 RESOURCE = "ate.dev/kvm"
@@ -274,12 +274,16 @@ class RulesScenario:
 
 
 @contextlib.contextmanager
-def rules_scenario(workdir: Path, rule_files: Sequence[Path] = (ALERTS_FILE,)) -> Iterator[RulesScenario]:
+def rules_scenario(
+    workdir: Path, rule_files: Sequence[Path] = (ALERTS_FILE,), job: str = DEFAULT_JOB
+) -> Iterator[RulesScenario]:
+    """``job``: the job label the scrape gives, as a release's jobLabel would (nameOverride)."""
     node = node_daemon(workdir, "node-a", config=KVM_CONFIG)
     with contextlib.ExitStack() as stack:
         stack.callback(node.daemon.close)
         node.daemon.start()
-        prom = stack.enter_context(Prometheus(PrometheusConfig(targets=[node.target], rule_files=rule_files)))
+        config = PrometheusConfig(targets=[node.target], rule_files=rule_files, job=job)
+        prom = stack.enter_context(Prometheus(config))
         try:
             prom.wait_for_targets_up()
             # The daemon serves its socket before any kubelet exists; a bogus request is refused.

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Publish one release: the image and the Helm chart, with one version.
+#
+#   tools/release.sh 0.1.0                  build, tag and push both to ghcr.io/ate-dev
+#   REGISTRY=registry.example.com/platform tools/release.sh 0.1.0
+#   tools/release.sh --push-only 0.1.0      push an image built before under the release name
+#
+# The version must already be the one in chart/Chart.yaml (version and appVersion),
+# pyproject.toml and app/ate_devplugin/__init__.py: bump them in a commit, add the
+# chart/CHANGELOG.md entry, then release that commit.
+#
+# What it publishes, for REGISTRY=R (default ghcr.io/ate-dev, the project's placeholder
+# organisation) and VERSION=V:
+#   image  R/ate-devplugin:V             built by tools/build-image.sh, pushed by buildah
+#   chart  oci://R/charts/ate-devplugin  version V, pushed by `helm push`; its default image
+#                                        is R/ate-devplugin (values.yaml's image.registry and
+#                                        image.repository are rewritten in the packaged copy
+#                                        when R is not the chart's own), tag V
+# Users then install it with
+#   helm install ate-devplugin oci://R/charts/ate-devplugin --version V -n ate-system --create-namespace
+#
+# Environment:
+#   REGISTRY       registry host[:port] and path to publish under (default ghcr.io/ate-dev)
+#   HELM           the helm binary (default: helm on PATH, else build/bin/helm-v3)
+#   STORAGE_ROOT, STORAGE_DRIVER, ...   passed to tools/build-image.sh and used by buildah
+# Log in first where the registry needs it: `buildah login R` and `helm registry login R`.
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo_root"
+push_only=0
+case "${1:-}" in
+    --push-only) push_only=1; shift ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+esac
+[ $# -eq 1 ] || { echo "usage: tools/release.sh [--push-only] VERSION" >&2; exit 2; }
+version="$1"
+REGISTRY="${REGISTRY:-ghcr.io/ate-dev}"
+REGISTRY="${REGISTRY%/}"
+HELM="${HELM:-$(command -v helm || echo "$repo_root/build/bin/helm-v3")}"
+STORAGE_DRIVER="${STORAGE_DRIVER:-vfs}"
+storage=(--storage-driver "$STORAGE_DRIVER")
+if [ -n "${STORAGE_ROOT:-}" ]; then
+    storage+=(--root "$STORAGE_ROOT" --runroot "$STORAGE_ROOT/run")
+fi
+
+# One version everywhere, or no release.
+found="$(python3 - "$version" <<'PY'
+import re, sys, tomllib
+from pathlib import Path
+chart = Path("chart/Chart.yaml").read_text()
+versions = {
+    "chart/Chart.yaml version": re.search(r"^version: *(\S+)", chart, re.M)[1],
+    "chart/Chart.yaml appVersion": re.search(r"^appVersion: *\"?([^\"\s]+)", chart, re.M)[1],
+    "pyproject.toml version": tomllib.loads(Path("pyproject.toml").read_text())["project"]["version"],
+    "app/ate_devplugin/__init__.py __version__":
+        re.search(r'^__version__ = "([^"]+)"', Path("app/ate_devplugin/__init__.py").read_text(), re.M)[1],
+}
+print("\n".join(f"{where} is {v}" for where, v in versions.items() if v != sys.argv[1]))
+PY
+)"
+if [ -n "$found" ]; then
+    echo "release.sh: version $version is not the checkout's:" >&2
+    echo "$found" >&2
+    exit 2
+fi
+if ! grep -q "^## ${version//./\\.}\b" chart/CHANGELOG.md; then
+    echo "release.sh: chart/CHANGELOG.md has no '## $version' entry" >&2
+    exit 2
+fi
+
+host="${REGISTRY%%/*}"
+path=""
+[ "$host" != "$REGISTRY" ] && path="${REGISTRY#*/}/"
+image="$REGISTRY/ate-devplugin:$version"
+
+if [ "$push_only" -eq 0 ]; then
+    IMAGE="$image" tools/build-image.sh
+fi
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+echo "release.sh: pushing $image"
+buildah "${storage[@]}" push --digestfile "$work/digest" "$image" "docker://$image"
+echo "release.sh: pushed $image@$(cat "$work/digest")"
+
+# The packaged chart points at the image just pushed.
+cp -a chart "$work/ate-devplugin"
+python3 - "$work/ate-devplugin/values.yaml" "$host" "${path}ate-devplugin" <<'PY'
+import sys
+from pathlib import Path
+values, host, repository = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+lines = values.read_text().splitlines(keepends=True)
+start = lines.index("image:\n")
+todo = {"  registry: ": host, "  repository: ": repository}
+for i in range(start + 1, len(lines)):
+    if not lines[i].startswith("  "):
+        break
+    for key, value in list(todo.items()):
+        if lines[i].startswith(key):
+            lines[i] = f"{key}{value}\n"
+            del todo[key]
+if todo:
+    sys.exit(f"release.sh: no {', '.join(k.strip() for k in todo)} under image: in values.yaml")
+values.write_text("".join(lines))
+PY
+"$HELM" package "$work/ate-devplugin" --destination "$work" >/dev/null
+chart_ref="oci://$REGISTRY/charts"
+echo "release.sh: pushing chart ate-devplugin $version to $chart_ref"
+"$HELM" push "$work/ate-devplugin-$version.tgz" "$chart_ref"
+echo "release.sh: done. Install with:"
+echo "  helm install ate-devplugin $chart_ref/ate-devplugin --version $version -n ate-system --create-namespace"
