@@ -26,9 +26,18 @@ class ConfigReader:
     Its writer's last step brings another event, and the file is read again then.
     """
 
-    def __init__(self, path: Path, plugin_dir: str, metrics: Metrics, timeout_s: float, settle_s: float = 0.2) -> None:
+    def __init__(
+        self,
+        path: Path,
+        plugin_dir: str,
+        metrics: Metrics,
+        timeout_s: float,
+        settle_s: float = 0.2,
+        socket_suffix: str = "",
+    ) -> None:
         self.path = path
         self.plugin_dir = plugin_dir
+        self.socket_suffix = socket_suffix
         self.metrics = metrics
         self.timeout_s = timeout_s
         self.settle_s = settle_s
@@ -38,11 +47,11 @@ class ConfigReader:
 
     async def read(self, running: tuple[ResourceConfig, ...]) -> tuple[ResourceConfig, ...] | None:
         """The file's resources if they differ from ``running``; None to keep them."""
-        path, plugin_dir, previous = self.path, self.plugin_dir, self._data
+        path, plugin_dir, previous, suffix = self.path, self.plugin_dir, self._data, self.socket_suffix
         log.debug("reading the config file", extra={"path": str(path)})
         try:
             data, resources = await self._worker.call(
-                lambda: config.read_again(path, plugin_dir, previous), self.timeout_s
+                lambda: config.read_again(path, plugin_dir, previous, suffix), self.timeout_s
             )
             if resources is not None and self.settle_s:
                 await asyncio.sleep(self.settle_s)

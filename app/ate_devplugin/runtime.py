@@ -69,7 +69,7 @@ STOP_SIGNALS = (
 def run(settings: Settings) -> int:
     """Loads the resources (and, with DRA, the API server's credentials), then serves until stopped."""
     try:
-        resources = config.load(settings.config, settings.plugin_dir)
+        resources = config.load(settings.config, settings.plugin_dir, settings.socket_suffix)
         kube = None
         if settings.dra:
             from ate_devplugin.dra.kube import connect  # device-plugin mode loads no Kubernetes client
@@ -145,7 +145,9 @@ def build(
     reader = None
     if settings.config is not None:
         t = settings.timing
-        reader = ConfigReader(settings.config, settings.plugin_dir, metrics, t.reload_timeout_s, t.reload_settle_s)
+        reader = ConfigReader(
+            settings.config, settings.plugin_dir, metrics, t.reload_timeout_s, t.reload_settle_s, settings.socket_suffix
+        )
     specs = cdi_specs(settings, metrics, kube)
     parts = components(settings, metrics, tracing, kube, ports or host_ports(settings, metrics, tracing, specs), specs)
     return Daemon(settings.for_daemon(), resources, parts, metrics, reader, discover)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 
 from opentelemetry import context
@@ -227,7 +228,11 @@ class ResourceAgent:
         self.state.registering()
         attempt = asyncio.ensure_future(
             self.ports.kubelet.register(
-                self.kubelet_socket, self.config.socket_name, self.name, plugin_options(self.config), self._cause
+                self.kubelet_socket,
+                os.path.basename(self.socket_path),
+                self.name,
+                plugin_options(self.config),
+                self._cause,
             )
         )
         self._attempt = attempt

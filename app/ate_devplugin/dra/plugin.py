@@ -1,4 +1,4 @@
-"""The DRA kubelet plugin: the node service, its registration and this node's slices.
+"""The DRA kubelet plugin: the node service, device health, its registration and this node's slices.
 
 Start order follows what the kubelet expects: the DRA service socket first, then the
 registration socket (whose appearance makes the kubelet call GetInfo and dial the
@@ -18,10 +18,11 @@ import grpc
 from opentelemetry.trace import Tracer
 
 from ate_devplugin.config import ResourceConfig
-from ate_devplugin.dra import registration, service
+from ate_devplugin.dra import health, registration, service
+from ate_devplugin.dra.health import DeviceReport, HealthBoard
 from ate_devplugin.dra.registration import RegistrationServicer
 from ate_devplugin.dra.service import ClaimReader, DraDriver
-from ate_devplugin.dra.slices import SliceApi, SlicePublisher, slot_devices
+from ate_devplugin.dra.slices import SliceApi, SliceDevice, SlicePublisher, resource_devices
 from ate_devplugin.host.devices import Discovery
 from ate_devplugin.host.sockets import UnixServer
 from ate_devplugin.host.watcher import FsEvent, Watches
@@ -63,18 +64,25 @@ class DraPlugin:
         self.metrics = metrics
         self.tracer = tracer
         driver, node = settings.driver, settings.node_name
-        self.publisher = SlicePublisher(api, driver, node, metrics)
+        self.publisher = SlicePublisher(api, driver, node, metrics, sharing=settings.sharing == "capacity")
         self.driver = DraDriver(driver, node, self._lookup, api, metrics)
+        self.health = HealthBoard()
         self.registration = RegistrationServicer(
             driver, settings.socket, lambda registered: metrics.registered.set(int(registered))
         )
         self._resources: tuple[ResourceConfig, ...] = ()
         self._servers: list[UnixServer] = []
+        # Device name -> resource, of every present resource's devices in the configured
+        # model: a claim the scheduler allocated just before a fallback to slots still prepares.
+        self._present: dict[str, str] = {}
 
     def _lookup(self, device: str) -> str | None:
         """The one place prepare asks for a device's CDI ID (``cdi_id``: host.cdi's answer)."""
-        resource = self.publisher.devices.get(device)
+        resource = self._present.get(device)
         return None if resource is None else self.cdi_id(resource)
+
+    def _devices(self, resource: ResourceConfig, shared: bool) -> list[SliceDevice]:
+        return resource_devices(resource.name, resource.units, self.settings.slots, shared)
 
     # --- the component --------------------------------------------------------------
 
@@ -82,7 +90,7 @@ class DraPlugin:
         """Raises host.sockets.ServeError when a socket cannot be served."""
         self._resources = resources
         sockets: list[tuple[str, Callable[[grpc.aio.Server], None]]] = [
-            (self.settings.socket, lambda server: service.add_to_server(self.driver, self.tracer, server)),
+            (self.settings.socket, self._add_node_services),
             (self.settings.registration_socket, lambda server: registration.add_to_server(self.registration, server)),
         ]
         for path, add_services in sockets:
@@ -95,6 +103,10 @@ class DraPlugin:
             "DRA driver serving",
             extra={"driver": self.settings.driver, "node": self.settings.node_name, "socket": self.settings.socket},
         )
+
+    def _add_node_services(self, server: grpc.aio.Server) -> None:
+        service.add_to_server(self.driver, self.tracer, server)
+        health.add_to_server(self.health, self.settings.node_name, self.metrics, server)
 
     async def stop(self, deadline_s: float) -> list[str]:
         """Sockets removed and slices deleted, within ``deadline_s`` for the API calls."""
@@ -133,6 +145,18 @@ class DraPlugin:
         self._resources = resources  # published at the discovery that follows
 
     def on_discovery(self, found: Mapping[str, Discovery]) -> None:
-        """Publishes the resources whose device nodes are all present (their CDI specs are written by then)."""
-        present = [r.name for r in self._resources if found[r.name].complete]
-        self.publisher.publish(slot_devices(present, self.settings.slots))
+        """Publishes the resources whose device nodes are all present (their CDI specs are
+        written by then), and reports every resource's devices healthy or not."""
+        shared = self.settings.sharing == "capacity"
+        present = [r for r in self._resources if found[r.name].complete]
+        wanted = [d for r in present for d in self._devices(r, shared)]
+        self._present = {d.name: d.resource for d in wanted}
+        self.publisher.publish(wanted)
+        reports = []
+        for r in self._resources:
+            ok = found[r.name].complete
+            text = f"{r.name}: " + (
+                "every device node present" if ok else f"device node missing ({', '.join(r.devices)})"
+            )
+            reports += [DeviceReport(d.name, ok, text) for d in self._devices(r, self.publisher.sharing)]
+        self.health.update(reports)

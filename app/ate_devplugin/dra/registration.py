@@ -21,8 +21,10 @@ from ate_devplugin.observability.logs import clip
 log = logging.getLogger(__name__)
 
 PLUGIN_TYPE = "DRAPlugin"
-# The kubelet takes the first entry it knows: the newest first.
-SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+# The kubelet takes the first node service it knows, the newest first, and (1.37) the
+# newest health service listed; 1.35 and 1.36 ignore the health entries (1.36 dials
+# v1alpha1 whatever the list says).
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 REMEMBERED_ERRORS = 16  # distinct refusals already logged, the oldest forgotten first
 
 

@@ -2,7 +2,9 @@
 
 Both versions the kubelet 1.35 speaks (v1, v1beta1) are served by one implementation.
 A claim is prepared by reading it from the API server and answering, for each device the
-scheduler allocated from this node's pool, the CDI device of the device's resource.
+scheduler allocated from this node's pool, the CDI device of the device's resource (once
+per request: N devices of one request are N times the same device node) and, for a share
+of a shareable device, its share ID (v1 only: v1beta1 has no field for it).
 Nothing on the node changes per claim (the CDI spec is per resource and always there), so
 both calls are idempotent and survive restarts of either side: a prepare repeated after a
 kubelet restart answers the same, and an unprepare of a claim never seen here is a success.
@@ -69,7 +71,8 @@ class ClaimRef:
 class PreparedDevice:
     request: str  # the base request name (a subrequest "req/sub" counts for "req")
     device: str
-    cdi_id: str
+    cdi_ids: tuple[str, ...]  # empty when an earlier device of the request names the same CDI device
+    share_id: str = ""  # the allocation's shareID, for a share of a shareable device
 
 
 @dataclass
@@ -152,6 +155,7 @@ class DraDriver:
         if not allocation:
             return ClaimResult(error=f"{where} is not allocated")
         devices = []
+        injected: set[tuple[str, str]] = set()  # (request, CDI ID) already answered
         for result in (allocation.get("devices") or {}).get("results") or []:
             if result.get("driver") != self.driver:
                 continue
@@ -164,7 +168,16 @@ class DraDriver:
             if cdi_id is None:
                 return ClaimResult(error=f"{where}: device {result.get('device')} is not published by this node")
             request = str(result.get("request", "")).split("/", 1)[0]
-            devices.append(PreparedDevice(request=request, device=result["device"], cdi_id=cdi_id))
+            first = (request, cdi_id) not in injected
+            injected.add((request, cdi_id))
+            devices.append(
+                PreparedDevice(
+                    request=request,
+                    device=result["device"],
+                    cdi_ids=(cdi_id,) if first else (),
+                    share_id=str(result.get("shareID") or ""),
+                )
+            )
         log.info(
             "claim prepared",
             extra={"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid, "devices": [d.device for d in devices]},
@@ -180,6 +193,7 @@ class DraServicer:
         self.pb = pb
         self.tracer = tracer
         self.service = f"{pb.DESCRIPTOR.package}.DRAPlugin"
+        self.has_share_id = "share_id" in pb.Device.DESCRIPTOR.fields_by_name
 
     async def NodePrepareResources(self, request: Any, context: Context) -> Any:
         with self._call("NodePrepareResources") as span:
@@ -191,12 +205,14 @@ class DraServicer:
                 if result.error:
                     answer.error = result.error
                 for d in result.devices:
-                    answer.devices.add(
+                    device = answer.devices.add(
                         request_names=[d.request] if d.request else [],
                         pool_name=self.driver.pool,
                         device_name=d.device,
-                        cdi_device_ids=[d.cdi_id],
+                        cdi_device_ids=d.cdi_ids,
                     )
+                    if d.share_id and self.has_share_id:
+                        device.share_id = d.share_id
             return response
 
     async def NodeUnprepareResources(self, request: Any, context: Context) -> Any:

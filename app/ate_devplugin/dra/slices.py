@@ -1,10 +1,19 @@
 """This node's ResourceSlices: what to publish, and keeping the API server in step.
 
 One pool per node (named after the node) holds every configured resource's devices.
-A KVM device is shared: each resource is published as ``slots`` named devices
-(``<resource>-0`` ...), each of which maps to the resource's one CDI device, so up to
-``slots`` claims on the node can hold it at once (see docs/dra.md for why slots rather
-than multiple allocations). A resource whose device nodes are missing publishes no slots.
+A KVM device is shared, in two ways at once (docs/dra.md says why both):
+
+* one shareable device per resource (``<resource>``, e.g. ``ate-dev-kvm``) with
+  ``allowMultipleAllocations`` and a consumable capacity ``shares`` of the resource's
+  units, one share per claim by default: every claim of one unit gets this device;
+* ``slots`` named devices (``<resource>-0`` ...), one claim each, for requests of more
+  than one device (N units are N distinct devices) and for API servers that drop
+  ``allowMultipleAllocations`` (DRAConsumableCapacity off, the default before 1.36).
+
+All of them map to the resource's one CDI device. The publisher reads back what the API
+server stored: once it has dropped the field, only the slots are published from then on
+(logged, ``ate_devplugin_dra_sharing``). A resource whose device nodes are missing
+publishes no devices.
 
 The kubelet deletes every slice of its node when it starts, and after 30 s without a
 connected driver: the publisher watches its slices and writes them again whenever what
@@ -42,6 +51,7 @@ log = logging.getLogger(__name__)
 
 MAX_DEVICES_PER_SLICE = 128  # the API server's limit for plain devices
 RESOURCE_ATTRIBUTE = "resource"  # the resource name, e.g. ate.dev/kvm; DeviceClass selectors match it
+SHARES = "shares"  # the shareable device's consumable capacity: one share per claim by default
 _NOT_LABEL = re.compile(r"[^a-z0-9-]+")
 MAX_GENERATION = 2**63 - 1  # spec.pool.generation is an int64
 DELETE_BATCH = 32
@@ -67,41 +77,63 @@ class SliceApi(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class SliceDevice:
+    """One published device: a slot (``shares`` 0, one claim) or the resource's shareable
+    device (``shares`` > 0: that many shares, one per claim unless a claim asks for more)."""
+
+    name: str
+    resource: str
+    shares: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        device: dict[str, Any] = {"name": self.name, "attributes": {RESOURCE_ATTRIBUTE: {"string": self.resource}}}
+        if self.shares:
+            units = str(self.shares)
+            device["allowMultipleAllocations"] = True
+            policy = {"default": "1", "validRange": {"min": "1", "max": units, "step": "1"}}
+            device["capacity"] = {SHARES: {"value": units, "requestPolicy": policy}}
+        return device
+
+
+def _label(resource: str) -> str:
+    return _NOT_LABEL.sub("-", resource.lower()).strip("-")[:50].rstrip("-")
+
+
 def device_name(resource: str, slot: int) -> str:
     """A DNS label for one slot of a resource: ``ate.dev/kvm`` slot 3 is ``ate-dev-kvm-3``."""
-    base = _NOT_LABEL.sub("-", resource.lower()).strip("-")[:50].rstrip("-")
-    return f"{base}-{slot}"
+    return f"{_label(resource)}-{slot}"
 
 
-def slot_devices(present: Sequence[str], slots: int) -> dict[str, str]:
-    """Device name -> resource name, for the resources whose device nodes are all present."""
-    return {device_name(resource, i): resource for resource in present for i in range(slots)}
+def shared_device_name(resource: str) -> str:
+    """The shareable device of a resource: ``ate.dev/kvm`` is ``ate-dev-kvm``."""
+    return _label(resource)
 
 
-def _devices_json(devices: Mapping[str, str]) -> list[dict[str, Any]]:
-    return [
-        {"name": name, "attributes": {RESOURCE_ATTRIBUTE: {"string": resource}}}
-        for name, resource in sorted(devices.items(), key=lambda item: _natural(item[0]))
-    ]
+def resource_devices(resource: str, units: int, slots: int, shared: bool) -> list[SliceDevice]:
+    """What one resource publishes: its shareable device first (the scheduler tries devices
+    in slice order, so single-device claims share it), then its slots."""
+    first = [SliceDevice(shared_device_name(resource), resource, units)] if shared else []
+    return first + [SliceDevice(device_name(resource, i), resource) for i in range(slots)]
 
 
-def _natural(name: str) -> tuple[str, int]:
-    base, _, slot = name.rpartition("-")
-    return base, int(slot) if slot.isdigit() else -1
+def sharing_dropped(wanted: Sequence[dict[str, Any]], stored: Sequence[dict[str, Any]]) -> bool:
+    """Whether the API server stored a device we wrote as shareable without the flag (it
+    drops allowMultipleAllocations while DRAConsumableCapacity is off)."""
+    kept = {d.get("name"): bool(d.get("allowMultipleAllocations")) for d in stored}
+    return any(d.get("allowMultipleAllocations") and kept.get(d["name"]) is False for d in wanted)
 
 
-def chunks(devices: Mapping[str, str]) -> list[list[dict[str, Any]]]:
-    """The devices split into slices; an empty pool is still one (empty) slice."""
-    items = _devices_json(devices)
+def chunks(devices: Sequence[SliceDevice]) -> list[list[dict[str, Any]]]:
+    """The devices, in order, split into slices; an empty pool is still one (empty) slice."""
+    items = [d.to_json() for d in devices]
     return [items[i : i + MAX_DEVICES_PER_SLICE] for i in range(0, len(items), MAX_DEVICES_PER_SLICE)] or [[]]
 
 
-def _content(item: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """What of a slice's devices we compare: names and resource attribute."""
-    return [
-        (d.get("name", ""), ((d.get("attributes") or {}).get(RESOURCE_ATTRIBUTE) or {}).get("string", ""))
-        for d in (item.get("spec", {}).get("devices") or [])
-    ]
+def _content(item: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """What of a slice we compare with what we want: its devices as stored."""
+    devices: list[dict[str, Any]] = item.get("spec", {}).get("devices") or []
+    return devices
 
 
 @dataclass(frozen=True)
@@ -164,6 +196,7 @@ class SlicePublisher:
         retry_cap_s: float = 30.0,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: random.Random | None = None,
+        sharing: bool = True,
     ) -> None:
         self.api = api
         self.driver = driver
@@ -173,7 +206,11 @@ class SlicePublisher:
         self.retry_cap_s = retry_cap_s
         self.sleep = sleep
         self.rng = rng
-        self.devices: dict[str, str] = {}
+        # Whether shareable devices are published: False from the start with slots only,
+        # and from the moment the API server is seen dropping allowMultipleAllocations.
+        self.sharing = sharing
+        self.wanted: tuple[SliceDevice, ...] = ()  # what the driver asked for
+        self.devices: tuple[SliceDevice, ...] = ()  # what is published of it
         self.generation = 0  # the last one written
         self.observed: dict[str, Seen] = {}  # slice name -> slice, as the API server holds it
         # What this process wrote (None: deleted) since the list under way was asked for:
@@ -184,15 +221,32 @@ class SlicePublisher:
         self._dirty = asyncio.Event()
         self._node_uid: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._set_sharing_metric()
 
-    def publish(self, devices: Mapping[str, str]) -> None:
-        """The devices to publish from now on (device name -> resource)."""
-        if dict(devices) == self.devices:
+    def publish(self, devices: Sequence[SliceDevice]) -> None:
+        """The devices to publish from now on; shareable ones only while sharing is on."""
+        self.wanted = tuple(devices)
+        published = tuple(d for d in self.wanted if self.sharing or not d.shares)
+        if published == self.devices:
             return
-        for resource in {*self.devices.values(), *devices.values()}:
-            self.metrics.slice_devices.labels(resource).set(sum(1 for r in devices.values() if r == resource))
-        self.devices = dict(devices)
+        for resource in {d.resource for d in (*self.devices, *published)}:
+            self.metrics.slice_devices.labels(resource).set(sum(1 for d in published if d.resource == resource))
+        self.devices = published
         self._changed()
+
+    def _sharing_dropped(self) -> None:
+        log.warning(
+            "the API server dropped allowMultipleAllocations (DRAConsumableCapacity is off): "
+            "publishing slots only, one claim per slot",
+            extra={"driver": self.driver, "node": self.node},
+        )
+        self.sharing = False
+        self._set_sharing_metric()
+        self.publish(self.wanted)
+
+    def _set_sharing_metric(self) -> None:
+        self.metrics.sharing.labels("capacity").set(int(self.sharing))
+        self.metrics.sharing.labels("slots").set(int(not self.sharing))
 
     def start(self, guard: Guard) -> None:
         self._tasks = [
@@ -235,7 +289,10 @@ class SlicePublisher:
                     if kind == "DELETED":
                         self.observed.pop(name, None)
                     elif kind in ("ADDED", "MODIFIED"):
-                        self.observed[name] = seen(item)
+                        record, held = seen(item), self.observed.get(name)
+                        if held is not None and _newer(held.resource_version, record.resource_version):
+                            continue  # older than the answer to our own write, already kept
+                        self.observed[name] = record
                     else:
                         continue
                     self._dirty.set()
@@ -336,6 +393,9 @@ class SlicePublisher:
                 written = await self._write("create", self.api.create_slice(await self._body(spec)))
             record = seen(written)
             self.observed[record.name] = self._written[record.name] = record
+            if self.sharing and sharing_dropped(devices, _content(written)):
+                self._sharing_dropped()  # the next pass publishes the slots alone
+                return
         log.info(
             "resource slices published",
             extra={"generation": self.generation, "slices": len(wanted), "devices": len(self.devices)},

@@ -18,6 +18,7 @@ class FakeApi:
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self.slices: dict[str, dict[str, Any]] = {}
         self.fail_writes = 0  # the next N writes fail
+        self.consumable_capacity = True  # False: drops what DRAConsumableCapacity adds, as 1.35 does
         self.claim_error: Exception | None = None
         self.writes: list[str] = []
         self.lists = 0
@@ -120,9 +121,18 @@ class FakeApi:
         self.slices[name] = item
         self._notify("ADDED", item)
 
+    def _stored(self, body: dict[str, Any]) -> dict[str, Any]:
+        item = copy.deepcopy(body)
+        if not self.consumable_capacity:
+            for device in item["spec"].get("devices") or []:
+                device.pop("allowMultipleAllocations", None)
+                for capacity in (device.get("capacity") or {}).values():
+                    capacity.pop("requestPolicy", None)
+        return item
+
     async def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
         self._write("create", body)
-        item = copy.deepcopy(body)
+        item = self._stored(body)
         name = item["metadata"].pop("generateName") + str(next(self._names))
         item["metadata"].update(name=name, resourceVersion=str(next(self._versions)))
         self.slices[name] = item
@@ -134,7 +144,7 @@ class FakeApi:
         name = body["metadata"]["name"]
         if self.slices[name]["metadata"]["resourceVersion"] != body["metadata"]["resourceVersion"]:
             raise RuntimeError("conflict")
-        item = copy.deepcopy(body)
+        item = self._stored(body)
         item["metadata"]["resourceVersion"] = str(next(self._versions))
         self.slices[name] = item
         self._notify("MODIFIED", item)

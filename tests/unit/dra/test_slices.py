@@ -1,4 +1,4 @@
-"""This node's slices as data: device names and slots."""
+"""This node's slices as data: the shareable device, the slots, reading back what was kept."""
 
 from __future__ import annotations
 
@@ -11,7 +11,17 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from ate_devplugin.dra.slices import MAX_GENERATION, Seen, SlicePublisher, next_generation, slot_devices
+from ate_devplugin.dra.slices import (
+    MAX_GENERATION,
+    Seen,
+    SliceDevice,
+    SlicePublisher,
+    chunks,
+    device_name,
+    next_generation,
+    resource_devices,
+    sharing_dropped,
+)
 from ate_devplugin.observability.metrics import DraMetrics
 from ate_devplugin.settings import DRA_DRIVER
 from ate_devplugin.tasks import Guard, cancel
@@ -22,15 +32,13 @@ NODE = "node-a"
 KVM = "ate.dev/kvm"
 
 
-def test_other_resources_get_their_own_slots() -> None:
-    from ate_devplugin.dra.slices import device_name, slot_devices
-
-    assert slot_devices(["ate.dev/kvm", "ate.dev/tun"], 2) == {
-        "ate-dev-kvm-0": "ate.dev/kvm",
-        "ate-dev-kvm-1": "ate.dev/kvm",
-        "ate-dev-tun-0": "ate.dev/tun",
-        "ate-dev-tun-1": "ate.dev/tun",
-    }
+def test_a_resource_publishes_its_shareable_device_first_then_its_slots() -> None:
+    assert resource_devices("ate.dev/kvm", 4096, 2, shared=True) == [
+        SliceDevice("ate-dev-kvm", "ate.dev/kvm", 4096),
+        SliceDevice("ate-dev-kvm-0", "ate.dev/kvm"),
+        SliceDevice("ate-dev-kvm-1", "ate.dev/kvm"),
+    ]
+    assert [d.name for d in resource_devices("ate.dev/tun", 8, 2, shared=False)] == ["ate-dev-tun-0", "ate-dev-tun-1"]
     assert device_name("Example.COM/" + "x" * 80, 7) == "example-com-" + "x" * 38 + "-7"
 
 
@@ -101,7 +109,7 @@ async def test_failed_writes_back_off_the_same_way_and_succeed_after() -> None:
     api.fail_writes = 4
     sleeps = Sleeps(limit=10**9)
     pub = publisher(api, sleeps, retry_s=0.5, retry_cap_s=4.0, rng=random.Random(5))
-    pub.publish(slot_devices([KVM], 2))
+    pub.publish(resource_devices(KVM, 1, 2, shared=False))
     async with running(pub):
         await until(lambda: pub.synced.is_set(), "published after the failures")
     assert api.writes == ["create"] * 5
@@ -124,7 +132,7 @@ async def test_many_foreign_slices_are_deleted_in_few_comparisons() -> None:
         return matches(wanted)
 
     pub._matches = counted  # type: ignore[method-assign]
-    pub.publish(slot_devices([KVM], 4))
+    pub.publish(resource_devices(KVM, 1, 4, shared=False))
     async with running(pub):
         await until(lambda: pub.synced.is_set() and len(api.slices) == 1, "only ours left", timeout=30)
     assert api.devices() == [f"ate-dev-kvm-{i}" for i in range(4)]
@@ -149,14 +157,14 @@ def test_the_generation_goes_up_from_what_is_kept_and_never_past_an_int64() -> N
 async def test_a_stray_slice_at_the_last_generation_is_deleted_and_writes_go_on() -> None:
     api = FakeApi()
     pub = publisher(api)
-    pub.publish(slot_devices([KVM], 2))
+    pub.publish(resource_devices(KVM, 1, 2, shared=False))
     async with running(pub):
         await until(lambda: pub.synced.is_set(), "published")
         api.add_slice("intruder", NODE, MAX_GENERATION)  # another client, in our pool
         await until(lambda: "intruder" not in api.slices and pub.synced.is_set(), "stray deleted")
         [ours] = api.slices.values()
         assert ours["spec"]["pool"]["generation"] == 2
-        pub.publish(slot_devices([KVM], 3))  # and later writes still go through
+        pub.publish(resource_devices(KVM, 1, 3, shared=False))  # and later writes still go through
         await until(lambda: pub.synced.is_set() and len(api.devices()) == 3, "written again")
     assert _results(pub) == {"success"}
 
@@ -164,7 +172,7 @@ async def test_a_stray_slice_at_the_last_generation_is_deleted_and_writes_go_on(
 async def test_our_own_slice_pushed_to_the_last_generation_makes_the_pool_start_again() -> None:
     api = FakeApi()
     pub = publisher(api)
-    pub.publish(slot_devices([KVM], 2))
+    pub.publish(resource_devices(KVM, 1, 2, shared=False))
     async with running(pub):
         await until(lambda: pub.synced.is_set(), "published")
         [name] = api.slices
@@ -173,7 +181,7 @@ async def test_our_own_slice_pushed_to_the_last_generation_makes_the_pool_start_
         api.slices[name] = item
         api._notify("MODIFIED", item)
         await until(lambda: pub.observed[name].generation == MAX_GENERATION, "seen")
-        pub.publish(slot_devices([KVM], 3))
+        pub.publish(resource_devices(KVM, 1, 3, shared=False))
         await until(lambda: pub.synced.is_set() and len(api.devices()) == 3, "pool written afresh")
     [item] = api.slices.values()
     assert item["metadata"]["name"] != name  # deleted, then created anew
@@ -193,7 +201,7 @@ async def test_nothing_is_written_before_the_first_list_is_answered() -> None:
     api = FakeApi()
     api.list_gate = asyncio.Event()
     pub = publisher(api)
-    pub.publish(slot_devices([KVM], 2))
+    pub.publish(resource_devices(KVM, 1, 2, shared=False))
     async with running(pub):
         await until(lambda: api.lists == 1, "the first list asked for")
         for _ in range(100):
@@ -207,7 +215,7 @@ async def test_nothing_is_written_before_the_first_list_is_answered() -> None:
 async def test_a_slice_written_while_a_list_is_under_way_is_not_written_twice() -> None:
     api = FakeApi()
     pub = publisher(api)
-    pub.publish(slot_devices([KVM], 2))
+    pub.publish(resource_devices(KVM, 1, 2, shared=False))
     async with running(pub):
         await until(lambda: pub.synced.is_set(), "published")
         api.wipe()  # the kubelet started: every slice gone ...
@@ -216,7 +224,7 @@ async def test_a_slice_written_while_a_list_is_under_way_is_not_written_twice() 
         api.list_gate = asyncio.Event()
         api.end_watches()  # ... the watch ends: a list is asked for, answered late
         await until(lambda: api.lists == lists + 1, "the list asked for")
-        pub.publish(slot_devices([KVM], 3))  # meanwhile a change is written
+        pub.publish(resource_devices(KVM, 1, 3, shared=False))  # meanwhile a change is written
         await until(lambda: api.writes.count("update") == 1, "the change written")
         api.list_gate.set()  # the list, older than the update, arrives
         await until(lambda: api.watches == lists + 1, "watching again")
@@ -225,3 +233,30 @@ async def test_a_slice_written_while_a_list_is_under_way_is_not_written_twice() 
         assert pub.synced.is_set()
     assert api.writes == ["create", "create", "update"]  # nothing written again over the old list
     assert len(api.devices()) == 3
+
+
+def test_the_shareable_device_has_one_share_per_unit_and_one_per_claim_by_default() -> None:
+    [[shared, slot]] = chunks(resource_devices("ate.dev/kvm", 110, 1, shared=True))
+    assert shared == {
+        "name": "ate-dev-kvm",
+        "attributes": {"resource": {"string": "ate.dev/kvm"}},
+        "allowMultipleAllocations": True,
+        "capacity": {
+            "shares": {
+                "value": "110",
+                "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": "110", "step": "1"}},
+            }
+        },
+    }
+    assert slot == {"name": "ate-dev-kvm-0", "attributes": {"resource": {"string": "ate.dev/kvm"}}}
+
+
+def test_a_dropped_flag_is_seen_in_what_the_api_server_stored() -> None:
+    [wanted] = chunks(resource_devices("ate.dev/kvm", 4, 1, shared=True))
+    assert not sharing_dropped(wanted, wanted)
+    # What a 1.35 API server (DRAConsumableCapacity off) keeps of it: the capacity's value only.
+    stored = [{**wanted[0], "capacity": {"shares": {"value": "4"}}}, wanted[1]]
+    del stored[0]["allowMultipleAllocations"]
+    assert sharing_dropped(wanted, stored)
+    assert not sharing_dropped(wanted[1:], stored)  # slots only: nothing to drop
+    assert not sharing_dropped(wanted, [])  # not stored (yet): nothing seen
