@@ -96,6 +96,7 @@ class ControlPlane:
         self._audit_offset = 0
         self._audit: list[AuditEvent] = []
         self.starts = 0
+        self.started_at = 0.0  # time.time() of the latest kube-apiserver start
 
     # --- bring-up -------------------------------------------------------------------
 
@@ -181,6 +182,7 @@ class ControlPlane:
     def start_apiserver(self, timeout: float = 180.0) -> float:
         """Starts kube-apiserver and waits for /readyz; returns when it was ready (time.time())."""
         self.starts += 1
+        self.started_at = time.time()
         self.apiserver = self.sandbox.spawn(f"kube-apiserver-{self.starts}", self.apiserver_argv)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -289,9 +291,10 @@ class ControlPlane:
         return self._audit
 
     def open_watches(self, at: float, users: set[str]) -> int:
-        """Watches of ``users`` started before ``at`` and not ended by then."""
+        """Watches of ``users`` started before ``at`` and not ended by then, since the API
+        server's latest start (a killed one never logs the end of its watches)."""
         started = {e.audit_id for e in self.audit() if e.user in users and e.verb == "watch"
-                   and e.stage == "ResponseStarted" and e.at <= at}  # fmt: skip
+                   and e.stage == "ResponseStarted" and self.started_at <= e.at <= at}  # fmt: skip
         ended = {e.audit_id for e in self.audit() if e.verb == "watch" and e.stage == "ResponseComplete" and e.at <= at}
         return len(started - ended)
 

@@ -187,7 +187,9 @@ class Driver:
         self.node = f"dra-{key}"
         self.driver = DRIVERS[key]
         self.root = work / key
-        for d in ("reg", "plugins", "kubelet", "cdi", "dev", "dp"):
+        # CDI specs on the sandbox's /run (tmpfs), as /var/run/cdi is on a node; the rest on disk.
+        self.cdi = f"/run/bench-{key}-cdi"
+        for d in ("reg", "plugins", "kubelet", "dev", "dp"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
         if key == OURS:
             add_device_node(self.root / "dev", "kvm", NULL)
@@ -204,7 +206,7 @@ class Driver:
                 sys.executable, "-m", "ate_devplugin", "run", "--mode", "dra", "--node-name", self.node,
                 "--device-root", str(r / "dev"), "--plugin-dir", str(r / "dp"),
                 "--registry-dir", str(r / "reg"), "--dra-dir", str(r / "plugins" / self.driver),
-                "--cdi-dir", str(r / "cdi"), "--metrics-address", "127.0.0.1:20900",
+                "--cdi-dir", self.cdi, "--metrics-address", "127.0.0.1:20900",
                 "--log-format", "json", "--log-level", "info",
             ]  # fmt: skip
         if self.key == FLOOR:
@@ -213,7 +215,7 @@ class Driver:
         binary = example_binary()
         assert binary is not None
         return [
-            str(binary), f"--node-name={self.node}", f"--cdi-root={r / 'cdi'}", f"--num-devices={DEVICES}",
+            str(binary), f"--node-name={self.node}", f"--cdi-root={self.cdi}", f"--num-devices={DEVICES}",
             f"--kubelet-registrar-directory-path={r / 'reg'}", f"--kubelet-plugins-directory-path={r / 'plugins'}",
             "--healthcheck-port=-1", "--metrics-port=-1",
         ]  # fmt: skip
@@ -226,6 +228,7 @@ class Driver:
         repo = Path(__file__).resolve().parents[1]
         env["PYTHONPATH"] = os.pathsep.join([str(repo), str(repo / "app"), env.get("PYTHONPATH", "")])
         argv = self.argv
+        self.cp.sandbox.run(["mkdir", "-p", self.cdi])
         t0 = time.monotonic_ns()
         self.proc = self.cp.sandbox.spawn(f"{self.key}-{self.spawns}", argv, env=env)
         return t0

@@ -288,12 +288,16 @@ class FleetBench:
         published = fleet.wait_devices({x.name: SLOTS for x in fleet.nodes}, timeout=120 + 6 * len(added))
         time.sleep(2.0)
         startup = list(cp.requests(t0, time.time(), fleet.users(added)))
+        creates = Counter(e.user for e in startup if e.verb == "create")
         out: dict[str, Any] = {
             "nodes": n,
             "startup": {
+                "nodes_started": len(added),
                 "seconds_to_published": published - t0,
                 "requests_per_node": len(startup) / len(added),
                 "by_verb_resource": _by_verb_resource(startup),
+                # A node that created its slice twice published a duplicate pool for a while.
+                "nodes_creating_twice": sum(1 for c in creates.values() if c > 1),
             },
         }
         out["idle"] = self.idle(fleet)

@@ -151,7 +151,13 @@ def fleet(data: dict[str, Any]) -> str:
     last = (f.get("steps") or [None])[-1]
     if last:
         out += ["", "Requests by verb and resource (largest fleet):", ""]
-        out.append(f"- start, per node: {_counts(last['startup']['by_verb_resource'], last['nodes'])}")
+        start = last["startup"]
+        started = start.get("nodes_started", last["nodes"])
+        twice = start.get("nodes_creating_twice", 0)
+        out.append(
+            f"- start, per node started in that step ({started}): {_counts(start['by_verb_resource'], started)}"
+            f"; nodes that created their slice twice: {twice}"
+        )
         idle_counts = last["idle"]["by_verb_resource_per_node_per_hour"]
         idle_text = ", ".join(f"{k} {_fmt(v)}" for k, v in idle_counts.items()) or "none"
         out.append(f"- idle, per node per hour: {idle_text}")
