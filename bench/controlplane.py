@@ -96,7 +96,7 @@ class ControlPlane:
         self._audit_offset = 0
         self._audit: list[AuditEvent] = []
         self.starts = 0
-        self.started_at = 0.0  # time.time() of the latest kube-apiserver start
+        self.start_times: list[float] = []  # time.time() of each kube-apiserver start
 
     # --- bring-up -------------------------------------------------------------------
 
@@ -182,7 +182,7 @@ class ControlPlane:
     def start_apiserver(self, timeout: float = 180.0) -> float:
         """Starts kube-apiserver and waits for /readyz; returns when it was ready (time.time())."""
         self.starts += 1
-        self.started_at = time.time()
+        self.start_times.append(time.time())
         self.apiserver = self.sandbox.spawn(f"kube-apiserver-{self.starts}", self.apiserver_argv)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -291,10 +291,11 @@ class ControlPlane:
         return self._audit
 
     def open_watches(self, at: float, users: set[str]) -> int:
-        """Watches of ``users`` started before ``at`` and not ended by then, since the API
-        server's latest start (a killed one never logs the end of its watches)."""
+        """Watches of ``users`` open at ``at``: started since the API server's start before
+        ``at`` (a killed one never logs the end of its watches) and not ended by then."""
+        since = max((t for t in self.start_times if t <= at), default=0.0)
         started = {e.audit_id for e in self.audit() if e.user in users and e.verb == "watch"
-                   and e.stage == "ResponseStarted" and self.started_at <= e.at <= at}  # fmt: skip
+                   and e.stage == "ResponseStarted" and since <= e.at <= at}  # fmt: skip
         ended = {e.audit_id for e in self.audit() if e.verb == "watch" and e.stage == "ResponseComplete" and e.at <= at}
         return len(started - ended)
 
