@@ -141,6 +141,7 @@ def fleet(data: dict[str, Any]) -> str:
             f"| {s['nodes']} | {_fmt(s['startup']['requests_per_node'])} "
             f"| {_fmt(idle['requests_per_node_per_hour'])} | {_fmt(idle['watches_per_node'])} "
             f"| {_fmt(change['writes_per_change'])} | {_fmt(restart['requests_per_node_first_window'])} "
+            f"({restart.get('failed_requests_first_window', 0)} failed in all) "
             f"| {watch_text} "
             f"| {_fmt(retries['mean'])} ({retries['min']}-{retries['max']}) | {spread_text} "
             f"| {_fmt(wipe['every_node_back_s'])} s | {_fmt(wipe['writes_per_node'])} "
