@@ -168,18 +168,23 @@ def components(
 ) -> list[Component]:
     """What the daemon does in this mode. Start order: the last one's start yields to no
     task, so the PodResources watch, last, lists first after the first discovery. The CDI
-    specs are the ones the device plugin's answers (``ports``) ask about."""
+    specs are the ones the device plugin's answers (``ports``) and the DRA driver's ask about."""
     built: list[Component] = []
     plugin = None
     if settings.device_plugin:
         plugin = DevicePlugin(settings.for_device_plugin(), ports, metrics, tracing.tracer)
         built.append(plugin)
-    built.append(specs or cdi_specs(settings, metrics, kube))
+    specs = specs or cdi_specs(settings, metrics, kube)
+    built.append(specs)
     if kube is not None:
         from ate_devplugin.dra.plugin import DraPlugin
         from ate_devplugin.observability.metrics import DraMetrics
 
-        built.append(DraPlugin(settings.for_dra(), kube, cdi.device_id, DraMetrics(metrics.registry), tracing.tracer))
+        built.append(
+            DraPlugin(
+                settings.for_dra(), kube, cdi.device_id, DraMetrics(metrics.registry), tracing.tracer, specs.cdi_problem
+            )
+        )
     if settings.pod_resources:
         health = plugin.health if plugin is not None else dict  # no device plugin: no resource served
         pods = PodResourcesWatch(

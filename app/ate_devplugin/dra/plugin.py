@@ -57,15 +57,17 @@ class DraPlugin:
         cdi_id: Callable[[str], str],
         metrics: DraMetrics,
         tracer: Tracer,
+        cdi_problem: Callable[[str], str] = lambda _: "",
     ) -> None:
         self.settings = settings
         self.api = api
         self.cdi_id = cdi_id
+        self.cdi_problem = cdi_problem
         self.metrics = metrics
         self.tracer = tracer
         driver, node = settings.driver, settings.node_name
         self.publisher = SlicePublisher(api, driver, node, metrics, sharing=settings.sharing == "capacity")
-        self.driver = DraDriver(driver, node, self._lookup, api, metrics)
+        self.driver = DraDriver(driver, node, self._lookup, api, metrics, self._cdi_problem)
         self.health = HealthBoard()
         self.registration = RegistrationServicer(
             driver, settings.socket, lambda registered: metrics.registered.set(int(registered))
@@ -80,6 +82,10 @@ class DraPlugin:
         """The one place prepare asks for a device's CDI ID (``cdi_id``: host.cdi's answer)."""
         resource = self._present.get(device)
         return None if resource is None else self.cdi_id(resource)
+
+    def _cdi_problem(self, device: str) -> str:
+        resource = self._present.get(device)
+        return "" if resource is None else self.cdi_problem(resource)
 
     def _devices(self, resource: ResourceConfig, shared: bool) -> list[SliceDevice]:
         return resource_devices(resource.name, resource.units, self.settings.slots, shared)

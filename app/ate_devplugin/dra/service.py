@@ -82,7 +82,8 @@ class ClaimResult:
 
 
 class DraDriver:
-    """The version-free logic; ``lookup`` maps a published device name to its CDI device ID."""
+    """The version-free logic; ``lookup`` maps a published device name to its CDI device ID,
+    ``cdi_problem`` says why that device's CDI spec is not on disk ("" when it is)."""
 
     def __init__(
         self,
@@ -91,10 +92,12 @@ class DraDriver:
         lookup: Callable[[str], str | None],
         claims: ClaimReader,
         metrics: DraMetrics,
+        cdi_problem: Callable[[str], str] = lambda _: "",
     ) -> None:
         self.driver = driver
         self.pool = pool
         self.lookup = lookup
+        self.cdi_problem = cdi_problem
         self.claims = claims
         self.metrics = metrics
         self.prepared: set[str] = set()  # claim UIDs; informational (nothing to undo per claim)
@@ -167,6 +170,10 @@ class DraDriver:
             cdi_id = self.lookup(result.get("device", ""))
             if cdi_id is None:
                 return ClaimResult(error=f"{where}: device {result.get('device')} is not published by this node")
+            if problem := self.cdi_problem(result.get("device", "")):
+                # The runtime could not resolve the name: the kubelet retries the claim later.
+                device = result.get("device")
+                return ClaimResult(error=f"{where}: the CDI spec of device {device} is not in place: {problem}")
             request = str(result.get("request", "")).split("/", 1)[0]
             first = (request, cdi_id) not in injected
             injected.add((request, cdi_id))

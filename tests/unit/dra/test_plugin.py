@@ -66,7 +66,15 @@ class Rig:
         self.settings = dra_settings(tmp_path, **flags)
         self.api = FakeApi()
         self.registry = CollectorRegistry()
-        self.plugin = DraPlugin(self.settings.for_dra(), self.api, cdi_id, DraMetrics(self.registry), NoOpTracer())
+        self.cdi_problems: dict[str, str] = {}  # resource -> why its CDI spec is not on disk
+        self.plugin = DraPlugin(
+            self.settings.for_dra(),
+            self.api,
+            cdi_id,
+            DraMetrics(self.registry),
+            NoOpTracer(),
+            lambda resource: self.cdi_problems.get(resource, ""),
+        )
         self.api.consumable_capacity = consumable_capacity
         self.deaths: list[str] = []
         self.guard = Guard(lambda name, error: self.deaths.append(name))
@@ -414,3 +422,18 @@ async def test_slots_only_when_configured(tmp_path: Path) -> None:
         assert rig.sample("ate_devplugin_dra_sharing", model="slots") == 1
     finally:
         await rig.plugin.stop(2.0)
+
+
+async def test_a_claim_is_not_prepared_while_its_cdi_spec_is_not_on_disk(rig: Rig) -> None:
+    rig.plugin.on_discovery(PRESENT)
+    await until(lambda: rig.plugin.publisher.synced.is_set(), "slices published")
+    rig.api.add_claim("ns", "c", "uc", allocated(SLOTS[0]))
+    rig.cdi_problems[KVM.name] = "/var/run/cdi: Read-only file system"
+    [result] = (await rig.plugin.driver.prepare([ClaimRef("ns", "uc", "c")])).values()
+    assert result.error == (
+        f"claim ns/c: the CDI spec of device {SLOTS[0]} is not in place: /var/run/cdi: Read-only file system"
+    )
+    assert result.devices == []
+    del rig.cdi_problems[KVM.name]  # written again: the kubelet's retry prepares it
+    [result] = (await rig.plugin.driver.prepare([ClaimRef("ns", "uc", "c")])).values()
+    assert (result.error, [d.cdi_ids for d in result.devices]) == ("", [("ate.dev/kvm=kvm",)])
