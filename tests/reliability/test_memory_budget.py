@@ -12,6 +12,7 @@ Kubernetes client) is in the figure.
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 from pathlib import Path
@@ -94,7 +95,7 @@ def test_the_worst_inputs_keep_memory_under_the_budget(
             answered_with(d, peer, data)
             measured(name)
         for _ in range(20):
-            shutil.rmtree(kubelet_ns.path(CDI_DIR))
+            remove_tree(kubelet_ns.path(CDI_DIR))
             wait_until(spec.exists, 10, "the CDI spec back")
         measured("CDI directory removed 20 times")
         if mode != "dra":
@@ -116,3 +117,18 @@ def test_the_worst_inputs_keep_memory_under_the_budget(
     worst = max(peaks, key=lambda k: peaks[k])
     print(f"{mode}: idle {idle:.1f} MiB; peaks: " + "; ".join(f"{k} {v:.1f}" for k, v in peaks.items()))
     assert peaks[worst] < BUDGET_MIB[mode], f"{worst}: {peaks[worst]:.1f} MiB"
+
+
+def remove_tree(path: str) -> None:
+    """rmtree, again when the daemon wrote its spec back between rmtree's listing and its
+    rmdir (it restores the directory within milliseconds)."""
+    for _ in range(100):
+        try:
+            shutil.rmtree(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY:
+                raise
+    raise AssertionError(f"{path} written again faster than it could be removed, 100 times")
