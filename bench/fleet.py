@@ -390,9 +390,11 @@ class FleetBench:
                 watch_back.setdefault(e.user, e.at)
         offsets = sorted(t - ready for t in first.values())
         back = sorted(t - ready for t in watch_back.values())
-        # The daemons' own retries while the API server was away (their warnings).
+        # The daemons' own retries while the API server was away (their warnings: "writing
+        # resource slices failed, again in", "watching resource slices failed: ...; watching
+        # again in").
         retries = {
-            node.name: [t - stopping for t in _log_times(node.log_path, "failed, again in") if stopping <= t <= end]
+            node.name: [t - stopping for t in _log_times(node.log_path, "again in") if stopping <= t <= end]
             for node in fleet.nodes
         }
         counts = [len(v) for v in retries.values()]
