@@ -119,7 +119,7 @@ def test_the_worst_inputs_keep_memory_under_the_budget(
     assert peaks[worst] < BUDGET_MIB[mode], f"{worst}: {peaks[worst]:.1f} MiB"
 
 
-def remove_tree(path: str) -> None:
+def remove_tree(path: Path) -> None:
     """rmtree, again when the daemon wrote its spec back between rmtree's listing and its
     rmdir (it restores the directory within milliseconds)."""
     for _ in range(100):
