@@ -8,10 +8,14 @@
     python -m bench report FILE.json [--markdown PATH]   rewrite the markdown from a result file
 
     --generic-device-plugin PATH (or ATE_BENCH_GENERIC_DEVICE_PLUGIN=PATH) adds
-    squat/generic-device-plugin, from a binary built outside this repository.
+    squat/generic-device-plugin, from a binary built outside this repository;
+    --dra-example-driver PATH (or ATE_BENCH_DRA_EXAMPLE_DRIVER=PATH) adds
+    kubernetes-sigs/dra-example-driver's kubelet plugin (tools/build-dra-example-driver.sh).
+    --benches devices,kubelet-cost,fleet,dra selects benches (default: all of them).
 
 Needs root (private mount namespaces), util-linux, and the kubelet bench binary
-(tools/build-kubelet-bench.sh, or KUBELET_BENCH_DIR pointing at a built one).
+(tools/build-kubelet-bench.sh, or KUBELET_BENCH_DIR pointing at a built one); the fleet
+and DRA benches also kube-apiserver (tools/build-k8s.sh) and etcd.
 """
 
 from __future__ import annotations
@@ -25,11 +29,15 @@ import shlex
 import signal
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from bench import machine, quotes, report
+from bench.dra_path import DRA_FULL, DRA_QUICK, EXAMPLE_ENV, example_binary, run_dra_path
+from bench.fleet import FLEET_FULL, FLEET_QUICK, FleetBench
+from bench.kubelet_cost import COST_FULL, COST_QUICK, run_kubelet_cost
 from bench.peers import GDP_ENV, gdp_binary
 from bench.suite import FULL, QUICK, run_suite
 from tests.harness.kubelet import bench_binary, built_versions, missing_prerequisites
@@ -37,6 +45,16 @@ from tests.harness.kubelet import bench_binary, built_versions, missing_prerequi
 REPO = Path(__file__).resolve().parents[1]
 
 log = logging.getLogger("bench")
+
+BENCHES = ("devices", "kubelet-cost", "fleet", "dra")
+
+
+def _benches(value: str) -> list[str]:
+    chosen = [b.strip() for b in value.split(",") if b.strip()]
+    unknown = [b for b in chosen if b not in BENCHES]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"unknown bench {unknown or value!r} (choose from {', '.join(BENCHES)})")
+    return chosen
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,6 +69,17 @@ def _parser() -> argparse.ArgumentParser:
         "--generic-device-plugin",
         type=Path,
         help=f"binary of squat/generic-device-plugin to run as a peer (default: ${GDP_ENV})",
+    )
+    run.add_argument(
+        "--dra-example-driver",
+        type=Path,
+        help=f"binary of dra-example-kubeletplugin to run next to ours in the DRA bench (default: ${EXAMPLE_ENV})",
+    )
+    run.add_argument(
+        "--benches",
+        type=_benches,
+        default=list(BENCHES),
+        help=f"comma-separated, from {', '.join(BENCHES)} (default: all)",
     )
     rep = sub.add_parser("report", help="write the markdown report of a result file")
     rep.add_argument("result", type=Path)
@@ -92,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.generic_device_plugin is not None:
         os.environ[GDP_ENV] = str(args.generic_device_plugin.resolve())
+    if args.dra_example_driver is not None:
+        os.environ[EXAMPLE_ENV] = str(args.dra_example_driver.resolve())
     sizes = QUICK if args.quick else FULL
     mode = "quick" if args.quick else "full"
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -109,10 +140,32 @@ def main(argv: list[str] | None = None) -> int:
         "started_utc": stamp,
         "command": "python -m bench " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
         "kubelet_release": version,
-        "machine": machine.describe(bench_binary(version), gdp_binary()),
+        "machine": machine.describe(bench_binary(version), gdp_binary(), example_binary()),
+        "benches": args.benches,
     }
     data["machine"]["bytecode"] = "compiled up front" if compiled else "compiling failed: from source"
-    data.update(run_suite(version, sizes))
+    if "devices" in args.benches:
+        data.update(run_suite(version, sizes))
+    load = data.setdefault("loadavg", {})
+    timings = data.setdefault("phase_seconds", {})
+    quick = args.quick
+    later: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
+        "kubelet-cost": ("kubelet_cost", lambda: run_kubelet_cost(COST_QUICK if quick else COST_FULL, version)),
+        "fleet": ("fleet", lambda: FleetBench(FLEET_QUICK if quick else FLEET_FULL).run()),
+        "dra": ("dra_path", lambda: run_dra_path(DRA_QUICK if quick else DRA_FULL, args.kubelet)),
+    }
+    for bench in args.benches:
+        if bench not in later:
+            continue
+        key, run_one = later[bench]
+        log.info("== %s", key)
+        load[f"{key}:before"] = machine.loadavg()
+        begin = time.monotonic()
+        data[key] = run_one()
+        timings[key] = round(time.monotonic() - begin, 1)
+        load[f"{key}:after"] = machine.loadavg()
+        if data[key].get("error") and not data.get("error"):
+            data["error"] = f"{key}: {data[key]['error']}"
     data["duration_s"] = round(time.monotonic() - started, 1)
     data["machine"]["loadavg_at_end"] = [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
     # Daemons started later in the run read app/ from disk then: say if it moved meanwhile.

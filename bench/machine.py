@@ -60,6 +60,9 @@ def bench_build(binary: Path) -> dict[str, Any]:
         return {}
 
 
+NOTED_MODULES = ("google.golang.org/grpc", "k8s.io/kubelet", "k8s.io/dynamic-resource-allocation")
+
+
 def go_binary(binary: Path | None) -> dict[str, Any]:
     """What a Go binary says it was built from (``go version -m``): Go release, module deps."""
     if binary is None:
@@ -74,12 +77,13 @@ def go_binary(binary: Path | None) -> dict[str, Any]:
         parts = line.split()
         if line.startswith(str(binary)) and len(parts) > 1:
             info["go_version"] = parts[-1]
-        elif (
-            len(parts) >= 3 and parts[0] in ("mod", "dep") and parts[1] in ("google.golang.org/grpc", "k8s.io/kubelet")
-        ):
+        elif len(parts) >= 3 and parts[0] in ("mod", "dep") and parts[1] in NOTED_MODULES:
             info[parts[1]] = parts[2]
         elif len(parts) >= 2 and parts[0] == "build" and parts[1].startswith("vcs.revision="):
             info["revision"] = parts[1].split("=", 1)[1]
+    source = binary.with_name(binary.name + ".source")  # written by tools/build-dra-example-driver.sh
+    if source.is_file():
+        info["source"] = source.read_text().strip()
     return info
 
 
@@ -113,7 +117,11 @@ def app_differs(repo: Path, start: str, end: str) -> bool:
     return diff.returncode != 0
 
 
-def describe(bench_binary: Path, gdp: Path | None = None) -> dict[str, Any]:
+def loadavg() -> list[float]:
+    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+def describe(bench_binary: Path, gdp: Path | None = None, dra_example: Path | None = None) -> dict[str, Any]:
     uname = os.uname()
     return {
         "nproc": os.cpu_count(),
@@ -129,5 +137,6 @@ def describe(bench_binary: Path, gdp: Path | None = None) -> dict[str, Any]:
         "git_revision": git_revision(Path(__file__).resolve().parents[1]),
         "kubelet_bench": bench_build(bench_binary),
         "generic_device_plugin": go_binary(gdp),
-        "loadavg_at_start": [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]],
+        "dra_example_driver": go_binary(dra_example),
+        "loadavg_at_start": loadavg(),
     }

@@ -15,6 +15,8 @@ The path names a value of a result file in ``bench/results``:
   (``python -m bench.podresources_idle``);
 - ``library-choice:candidates.click.import_ms``: the newest ``*-library-choice.json``
   (``python -m bench.library_choice``);
+- ``dra-faults:after.prepare_flood.peak_rss_mib``: the newest ``*-dra-faults.json``
+  (``python -m bench.dra_faults``);
 - ``PATH/PEER``: the value divided by the same value of another peer (``PATH`` is
   ``FIGURE.PEER.KEY...``), two decimals.
 
@@ -55,6 +57,8 @@ UNITS = (
     ("_ms", " ms"),
     ("_mib", " MiB"),
     ("bytes", " bytes"),
+    ("_per_s", "/s"),
+    ("_percent", " %"),
 )
 
 
@@ -73,13 +77,14 @@ def quoted_files() -> list[Path]:
 @dataclass(frozen=True)
 class Runs:
     """The result files quotes read: the newest full run, the one before, PodResources
-    idle, the library choice."""
+    idle, the library choice, DRA faults."""
 
     latest: dict[str, Any]
     latest_path: Path
     previous: dict[str, Any] | None = None
     podresources_idle: dict[str, Any] | None = None
     library_choice: dict[str, Any] | None = None
+    dra_faults: dict[str, Any] | None = None
 
     @classmethod
     def load(cls, results: Path = RESULTS) -> Runs:
@@ -88,12 +93,14 @@ class Runs:
             raise QuoteError(f"no full run in {results}")
         idle = sorted(results.glob("*-podresources-idle.json"))
         libraries = sorted(results.glob("*-library-choice.json"))
+        faults = sorted(results.glob("*-dra-faults.json"))
         return cls(
             latest=_read(full[-1]),
             latest_path=full[-1],
             previous=_read(full[-2]) if len(full) > 1 else None,
             podresources_idle=_read(idle[-1]) if idle else None,
             library_choice=_read(libraries[-1]) if libraries else None,
+            dra_faults=_read(faults[-1]) if faults else None,
         )
 
 
@@ -132,6 +139,7 @@ def value(runs: Runs, path: str) -> str:
         "previous": runs.previous,
         "podresources-idle": runs.podresources_idle,
         "library-choice": runs.library_choice,
+        "dra-faults": runs.dra_faults,
     }
     source, sep, rest = path.partition(":")
     if not sep or source not in sources:  # a key may hold a colon: loadavg.cold_start:before.0

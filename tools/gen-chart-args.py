@@ -42,6 +42,8 @@ CHART_SETS = {
     "--registry-dir": "use dra.registryDir",
     "--dra-dir": "use dra.pluginDir",
     "--dra-slots": "use dra.slots",
+    "--dra-sharing": "use dra.sharing",
+    "--socket-suffix": "the chart names the sockets with the pod UID where the kubelet allows it (1.37+)",
     "--pod-resources": "use podResources.enabled",
     "--pod-resources-socket": "use podResources.hostPath",
     "--pod-resources-interval": "use podResources.interval",

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Regenerates app/ate_devplugin/api/ from proto/, one package per API and version, named as
 # the kubelet names them: the device plugin API (deviceplugin/v1beta1), the plugin
-# registration API (pluginregistration/v1), the DRA node service (dra/v1, dra/v1beta1) and
-# the PodResources API (podresources/v1). The protobuf packages on the wire are the
+# registration API (pluginregistration/v1), the DRA node service (dra/v1, dra/v1beta1), the
+# DRA resource health service (drahealth/v1, drahealth/v1alpha1) and the PodResources API
+# (podresources/v1). The protobuf packages on the wire are the
 # kubelet's (v1beta1, pluginregistration, k8s.io.kubelet.pkg.apis.dra.v1, ...): the
 # directories name the API, the .proto files keep the wire names.
 # Usage: tools/gen-proto.sh [OUTPUT_ROOT]   (default: app/; the drift test passes a temp dir)
@@ -10,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-app}
 api="$out/ate_devplugin/api"
-protos=(deviceplugin/v1beta1 pluginregistration/v1 dra/v1 dra/v1beta1 podresources/v1)
+protos=(deviceplugin/v1beta1 pluginregistration/v1 dra/v1 dra/v1beta1 drahealth/v1 drahealth/v1alpha1 podresources/v1)
 for dir in "${protos[@]}"; do
   mkdir -p "$api/$dir"
   python -m grpc_tools.protoc -I proto --python_out="$api" --pyi_out="$api" --grpc_python_out="$api" "proto/$dir/api.proto"

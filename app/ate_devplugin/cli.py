@@ -18,7 +18,17 @@ from pathlib import Path
 from ate_devplugin import __version__, runtime
 from ate_devplugin.config import MAX_CONFIG_BYTES, ConfigError, Problem, decode_resources, load_resources, read_bounded
 from ate_devplugin.runtime import config_error
-from ate_devplugin.settings import DEFAULTS, LOG_FORMATS, LOG_LEVELS, MODES, flag_of, idle_fields, mode_of, resolve
+from ate_devplugin.settings import (
+    DEFAULTS,
+    DRA_SHARING,
+    LOG_FORMATS,
+    LOG_LEVELS,
+    MODES,
+    flag_of,
+    idle_fields,
+    mode_of,
+    resolve,
+)
 from ate_devplugin.settings import variable_of as var
 
 STDIN = "-"
@@ -49,12 +59,25 @@ GROUPS: dict[str, list[Option]] = {
         Option("log_level", _choices(LOG_LEVELS), "the least severe level logged"),
         Option("cdi_dir", "DIR", "where the CDI specs are written (allocate: cdi or both, and DRA)"),
         Option("mode", _choices(MODES), "serve the device plugin, the DRA driver, or both"),
+        Option(
+            "socket_suffix",
+            "SUFFIX",
+            "a suffix of the device plugin sockets' names, e.g. the pod's UID: two plugin pods can then "
+            "serve one node at once (a rolling update, Kubernetes 1.37+)",
+            "none",
+        ),
     ],
     "DRA (mode dra or both)": [
         Option("node_name", "NAME", "this node's name", "$NODE_NAME (the chart sets it); required with DRA"),
         Option("registry_dir", "DIR", "the kubelet's plugin registry"),
         Option("dra_dir", "DIR", "the DRA driver's socket directory"),
-        Option("dra_slots", "N", "claims that can share each resource on a node, 1 to 1024"),
+        Option("dra_slots", "N", "single-claim devices per resource on a node, beside the shareable one, 1 to 1024"),
+        Option(
+            "dra_sharing",
+            _choices(DRA_SHARING),
+            "capacity: one shareable device per resource where the API server keeps it, plus the slots; "
+            "slots: the slots only",
+        ),
     ],
     "which pods hold units (PodResources)": [
         Option("pod_resources", "{on,off}", "export which pods hold units, read from the kubelet's PodResources API"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -18,25 +19,45 @@ class ConfigReader:
 
     A file rejected (or unreadable) keeps the running config: counted, logged once for as
     long as it stays the same, and ``ate_devplugin_config_rejected`` is 1 meanwhile.
+
+    New content is judged only once it stayed the same for ``settle_s``: a file written in
+    place in several steps (a torn write) is seen half-written, and half a valid config is
+    often valid (the first of two resources): applying it would restart what it left out.
+    Its writer's last step brings another event, and the file is read again then.
     """
 
-    def __init__(self, path: Path, plugin_dir: str, metrics: Metrics, timeout_s: float) -> None:
+    def __init__(
+        self,
+        path: Path,
+        plugin_dir: str,
+        metrics: Metrics,
+        timeout_s: float,
+        settle_s: float = 0.2,
+        socket_suffix: str = "",
+    ) -> None:
         self.path = path
         self.plugin_dir = plugin_dir
+        self.socket_suffix = socket_suffix
         self.metrics = metrics
         self.timeout_s = timeout_s
+        self.settle_s = settle_s
         self._worker = Worker("config reload")
         self._data: bytes | None = None  # the file's bytes last read
         self._failure: str | None = None  # why the file could not be read last time
 
     async def read(self, running: tuple[ResourceConfig, ...]) -> tuple[ResourceConfig, ...] | None:
         """The file's resources if they differ from ``running``; None to keep them."""
-        path, plugin_dir, previous = self.path, self.plugin_dir, self._data
+        path, plugin_dir, previous, suffix = self.path, self.plugin_dir, self._data, self.socket_suffix
         log.debug("reading the config file", extra={"path": str(path)})
         try:
             data, resources = await self._worker.call(
-                lambda: config.read_again(path, plugin_dir, previous), self.timeout_s
+                lambda: config.read_again(path, plugin_dir, previous, suffix), self.timeout_s
             )
+            if resources is not None and self.settle_s:
+                await asyncio.sleep(self.settle_s)
+                if await self._worker.call(lambda: config.read_config_file(path), self.timeout_s) != data:
+                    log.debug("the config file is still being written", extra={"path": str(path)})
+                    return None
         except (ConfigError, TimeoutError, WorkerBusyError) as exc:
             self._data = None  # read it again next time, even if unchanged
             if str(exc) != self._failure:  # the same unreadable file is reported once

@@ -69,7 +69,7 @@ STOP_SIGNALS = (
 def run(settings: Settings) -> int:
     """Loads the resources (and, with DRA, the API server's credentials), then serves until stopped."""
     try:
-        resources = config.load(settings.config, settings.plugin_dir)
+        resources = config.load(settings.config, settings.plugin_dir, settings.socket_suffix)
         kube = None
         if settings.dra:
             from ate_devplugin.dra.kube import connect  # device-plugin mode loads no Kubernetes client
@@ -144,28 +144,47 @@ def build(
     """The daemon and its components; tests pass fake ``ports`` and ``discover``."""
     reader = None
     if settings.config is not None:
-        reader = ConfigReader(settings.config, settings.plugin_dir, metrics, settings.timing.reload_timeout_s)
-    parts = components(settings, metrics, tracing, kube, ports or host_ports(settings, metrics, tracing))
+        t = settings.timing
+        reader = ConfigReader(
+            settings.config, settings.plugin_dir, metrics, t.reload_timeout_s, t.reload_settle_s, settings.socket_suffix
+        )
+    specs = cdi_specs(settings, metrics, kube)
+    parts = components(settings, metrics, tracing, kube, ports or host_ports(settings, metrics, tracing, specs), specs)
     return Daemon(settings.for_daemon(), resources, parts, metrics, reader, discover)
 
 
+def cdi_specs(settings: Settings, metrics: Metrics, kube: ApiServer | None) -> cdi.CdiSpecs:
+    # A DRA driver answers with CDI names only: then every resource needs its spec.
+    return cdi.CdiSpecs(settings.cdi_dir, metrics, every_resource=kube is not None)
+
+
 def components(
-    settings: Settings, metrics: Metrics, tracing: Tracing, kube: ApiServer | None, ports: Ports
+    settings: Settings,
+    metrics: Metrics,
+    tracing: Tracing,
+    kube: ApiServer | None,
+    ports: Ports,
+    specs: cdi.CdiSpecs | None = None,
 ) -> list[Component]:
     """What the daemon does in this mode. Start order: the last one's start yields to no
-    task, so the PodResources watch, last, lists first after the first discovery."""
+    task, so the PodResources watch, last, lists first after the first discovery. The CDI
+    specs are the ones the device plugin's answers (``ports``) and the DRA driver's ask about."""
     built: list[Component] = []
     plugin = None
     if settings.device_plugin:
         plugin = DevicePlugin(settings.for_device_plugin(), ports, metrics, tracing.tracer)
         built.append(plugin)
-    # A DRA driver answers with CDI names only: then every resource needs its spec.
-    built.append(cdi.CdiSpecs(settings.cdi_dir, metrics, every_resource=kube is not None))
+    specs = specs or cdi_specs(settings, metrics, kube)
+    built.append(specs)
     if kube is not None:
         from ate_devplugin.dra.plugin import DraPlugin
         from ate_devplugin.observability.metrics import DraMetrics
 
-        built.append(DraPlugin(settings.for_dra(), kube, cdi.device_id, DraMetrics(metrics.registry), tracing.tracer))
+        built.append(
+            DraPlugin(
+                settings.for_dra(), kube, cdi.device_id, DraMetrics(metrics.registry), tracing.tracer, specs.cdi_problem
+            )
+        )
     if settings.pod_resources:
         health = plugin.health if plugin is not None else dict  # no device plugin: no resource served
         pods = PodResourcesWatch(
@@ -177,12 +196,13 @@ def components(
     return built
 
 
-def host_ports(settings: Settings, metrics: Metrics, tracing: Tracing) -> Ports:
-    """The device plugin's ports to the real host and kubelet."""
+def host_ports(settings: Settings, metrics: Metrics, tracing: Tracing, specs: cdi.CdiSpecs | None = None) -> Ports:
+    """The device plugin's ports to the real host and kubelet; Allocate names a CDI device
+    only while ``specs`` has its spec on disk."""
     part = settings.for_device_plugin()
 
     def make_server(state: ResourceState) -> UnixServer:
-        servicer = DevicePluginServicer(state, metrics, tracing.tracer)
+        servicer = DevicePluginServicer(state, metrics, tracing.tracer, specs.cdi_problem if specs else lambda _: "")
         return plugin_server(part.socket_path(state.config), servicer, part.server_stop_margin_s)
 
     return Ports(

@@ -7,12 +7,21 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from ate_devplugin.config import ALLOCATE_DEVICES, DEFAULT_UNITS, ConfigError, Problem, Problems, ResourceConfig
+from ate_devplugin.config import (
+    ALLOCATE_DEVICES,
+    DEFAULT_UNITS,
+    ConfigError,
+    Problem,
+    Problems,
+    ResourceConfig,
+    socket_name,
+)
 
 T = TypeVar("T")
 
@@ -21,6 +30,9 @@ ENV_PREFIX = "ATE_DEVPLUGIN_"
 DRA_DRIVER = "ate.dev"
 MODES = ("device-plugin", "dra", "both")
 MAX_DRA_SLOTS = 1024
+# capacity: a shareable device per resource where the API server keeps it, plus the slots;
+# slots: the slots only (docs/dra.md, "Sharing one /dev/kvm").
+DRA_SHARING = ("capacity", "slots")
 DEFAULTS = {
     "config": "",
     "device_root": "/dev",
@@ -29,12 +41,17 @@ DEFAULTS = {
     "log_format": "auto",
     "log_level": "info",
     "cdi_dir": "/var/run/cdi",
+    # A suffix of the device plugin sockets' names (the chart passes the pod's UID on
+    # Kubernetes 1.37+, whose kubelet keeps one endpoint per socket): two plugin pods can
+    # then serve a node at once while a rolling update overlaps them.
+    "socket_suffix": "",
     # --- DRA (mode dra or both) ---
     "mode": "device-plugin",
     "node_name": "",  # falls back to NODE_NAME, which the chart sets from the downward API
     "registry_dir": "/var/lib/kubelet/plugins_registry",
     "dra_dir": "/var/lib/kubelet/plugins/" + DRA_DRIVER,
     "dra_slots": "32",
+    "dra_sharing": "capacity",
     # Which pods hold units, from the kubelet's PodResources API: on or off (off: the
     # fallback Lists cost measurable idle CPU, see README); its socket
     # (empty: pod-resources/kubelet.sock next to the plugin directory); the fallback
@@ -43,6 +60,7 @@ DEFAULTS = {
     "pod_resources_socket": "",
     "pod_resources_interval": "60",
 }
+SOCKET_SUFFIX = re.compile(r"([A-Za-z0-9][A-Za-z0-9-]{0,63})?")
 LOG_FORMATS = ("auto", "json", "text")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 KUBELET_SOCKET = "kubelet.sock"
@@ -70,6 +88,8 @@ class Timing:
     agent_stop_s: float = 2.5
     # Reading and decoding a changed config file, in a worker thread.
     reload_timeout_s: float = 5.0
+    # ... once its new content stayed the same this long (a torn write is not judged).
+    reload_settle_s: float = 0.2
     # A batch of events not handled within this long is a stall: /healthz fails.
     event_deadline_s: float = 10.0
     # After a stop signal: agents, watcher and server are down within this long ...
@@ -86,6 +106,7 @@ class DevicePluginSettings:
     """The device plugin's part: the kubelet's socket directory and the agents' timing."""
 
     plugin_dir: str
+    socket_suffix: str
     stream_grace_s: float
     register_timeout_s: float
     backoff_initial_s: float
@@ -99,7 +120,7 @@ class DevicePluginSettings:
         return os.path.join(self.plugin_dir, KUBELET_SOCKET)
 
     def socket_path(self, resource: ResourceConfig) -> str:
-        return os.path.join(self.plugin_dir, resource.socket_name)
+        return os.path.join(self.plugin_dir, socket_name(resource.name, self.socket_suffix))
 
 
 @dataclass(frozen=True)
@@ -116,12 +137,13 @@ class PodResourcesSettings:
 
 @dataclass(frozen=True)
 class DraSettings:
-    """The DRA driver's part: this node, the kubelet's plugin directories, slots per resource."""
+    """The DRA driver's part: this node, the kubelet's plugin directories, how devices are shared."""
 
     node_name: str
     registry_dir: str
     dra_dir: str
     slots: int
+    sharing: str = DEFAULTS["dra_sharing"]
     driver: str = DRA_DRIVER
 
     @property
@@ -156,12 +178,14 @@ class Settings:
     timing: Timing = field(default_factory=Timing)
     # Where the daemon writes the CDI specs of resources that answer Allocate with CDI names.
     cdi_dir: str = DEFAULTS["cdi_dir"]
+    socket_suffix: str = ""
     # --- DRA (mode dra or both) ---
     mode: str = DEFAULTS["mode"]
     node_name: str = ""
     registry_dir: str = DEFAULTS["registry_dir"]
     dra_dir: str = DEFAULTS["dra_dir"]
     dra_slots: int = int(DEFAULTS["dra_slots"])
+    dra_sharing: str = DEFAULTS["dra_sharing"]
     # --- which pods hold units (PodResources) ---
     pod_resources: bool = False
     pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -197,6 +221,7 @@ class Settings:
         t = self.timing
         return DevicePluginSettings(
             plugin_dir=self.plugin_dir,
+            socket_suffix=self.socket_suffix,
             stream_grace_s=t.stream_grace_s,
             register_timeout_s=t.register_timeout_s,
             backoff_initial_s=t.backoff_initial_s,
@@ -218,7 +243,7 @@ class Settings:
         )
 
     def for_dra(self) -> DraSettings:
-        return DraSettings(self.node_name, self.registry_dir, self.dra_dir, self.dra_slots)
+        return DraSettings(self.node_name, self.registry_dir, self.dra_dir, self.dra_slots, self.dra_sharing)
 
     def for_daemon(self) -> DaemonSettings:
         t = self.timing
@@ -266,6 +291,7 @@ def resolve(flags: Mapping[str, str | None], env: Mapping[str, str]) -> Settings
     log_format = checked("log_format", _one_of(LOG_FORMATS), "")
     log_level = checked("log_level", _one_of(LOG_LEVELS), "")
     config = pick("config")
+    suffix = checked("socket_suffix", _socket_suffix, "")
     mode = checked("mode", _one_of(MODES), "")
     node_name = pick("node_name") or env.get("NODE_NAME", "")
     if mode in ("dra", "both") and not node_name:
@@ -276,6 +302,7 @@ def resolve(flags: Mapping[str, str | None], env: Mapping[str, str]) -> Settings
             )
         )
     slots = checked("dra_slots", _slots, 0)
+    sharing = checked("dra_sharing", _one_of(DRA_SHARING), "")
     pod_resources = checked("pod_resources", _one_of(("on", "off")), "") == "on"
     pod_socket = checked("pod_resources_socket", _absolute_or_empty, "") or os.path.join(
         os.path.dirname(plugin_dir), POD_RESOURCES_DIR, KUBELET_SOCKET
@@ -294,11 +321,13 @@ def resolve(flags: Mapping[str, str | None], env: Mapping[str, str]) -> Settings
         log_format=log_format,
         log_level=log_level,
         cdi_dir=cdi_dir,
+        socket_suffix=suffix,
         mode=mode,
         node_name=node_name,
         registry_dir=registry_dir,
         dra_dir=dra_dir,
         dra_slots=slots,
+        dra_sharing=sharing,
         pod_resources=pod_resources,
         pod_resources_socket=os.path.normpath(pod_socket),
         pod_resources_interval_s=interval,
@@ -387,6 +416,12 @@ def _address(value: str, name: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(name, f"must be HOST:PORT with a port from 0 to 65535 (got {value!r})")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _socket_suffix(value: str, name: str) -> str:
+    if not SOCKET_SUFFIX.fullmatch(value):
+        raise ConfigError(name, f"must be up to 64 letters, digits and '-', not starting with '-' (got {value!r})")
+    return value
 
 
 def _slots(value: str, name: str) -> int:

@@ -7,6 +7,7 @@
 * :func:`cancel` cancels a task until it ends, within a deadline; :func:`stop_all` stops
   several things at once within one.
 * :class:`Worker` runs one blocking call at a time in a thread, within a timeout.
+* :class:`Backoff`: the delays between retries of something that keeps failing.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import threading
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
@@ -142,3 +144,21 @@ class Worker:
             future.cancel()
             raise TimeoutError(f"{self.name} did not finish within {timeout:.1f}s")
         return future.result()
+
+
+class Backoff:
+    """Capped exponential backoff with jitter: each delay is drawn from [d/2, d]."""
+
+    def __init__(self, initial: float, cap: float, rng: random.Random | None = None) -> None:
+        self.initial = initial
+        self.cap = cap
+        self._rng = rng or random.Random()
+        self._next = initial
+
+    def next(self) -> float:
+        d = self._next
+        self._next = min(self.cap, d * 2)
+        return d / 2 + self._rng.random() * d / 2
+
+    def reset(self) -> None:
+        self._next = self.initial

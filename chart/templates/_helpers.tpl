@@ -355,6 +355,15 @@ as checkov.io/skipN annotations (see chart/README.md "Security").
 {{- end -}}
 
 {{/*
+"true" when a rolling update overlaps the old and the new plugin pod on a node: device-plugin
+mode on Kubernetes 1.37+, whose kubelet keeps one device plugin endpoint per socket path;
+each pod then names its sockets with its UID.
+*/}}
+{{- define "ate-devplugin.overlap" -}}
+{{- if and (eq .Values.dra.mode "device-plugin") (eq .Values.updateStrategy.type "RollingUpdate") (semverCompare ">=1.37.0-0" .Capabilities.KubeVersion.Version) -}}true{{- end -}}
+{{- end -}}
+
+{{/*
 "true" when the daemon writes CDI specs: a resource answers Allocate with its CDI device
 name, cdi.mount says so, or the daemon is a DRA driver (an existingConfigMap's resources are not seen here).
 */}}

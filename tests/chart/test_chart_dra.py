@@ -56,6 +56,7 @@ def test_dra_mode_grants_the_driver_its_verbs_only(any_helm: Helm, mode: str) ->
         "--registry-dir=/var/lib/kubelet/plugins_registry",
         "--dra-dir=/var/lib/kubelet/plugins/ate.dev",
         "--dra-slots=32",
+        "--dra-sharing=capacity",
     } <= set(container["args"])
     [node] = [e for e in container["env"] if e["name"] == "NODE_NAME"]
     assert node["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
@@ -68,7 +69,8 @@ def test_a_device_class_per_resource(any_helm: Helm, write_values: Callable[[str
         "    - {name: ate.dev/kvm, devices: [/dev/kvm]}\n"
         "    - {name: example.com/Net_Tun, devices: [/dev/net/tun]}\n"
     )
-    classes = {c["metadata"]["name"]: c["spec"] for c in by_kind(any_helm.template([values]), "DeviceClass")}
+    docs = any_helm.template([values], kube_version="1.35.4")
+    classes = {c["metadata"]["name"]: c["spec"] for c in by_kind(docs, "DeviceClass")}
     assert classes == {
         "kvm.ate.dev": {"selectors": [{"cel": {"expression":
             'device.driver == "ate.dev" && device.attributes["ate.dev"].resource == "ate.dev/kvm"'}}]},
@@ -78,7 +80,26 @@ def test_a_device_class_per_resource(any_helm: Helm, write_values: Callable[[str
     assert not by_kind(any_helm.template([values], sets=["dra.deviceClasses=false"]), "DeviceClass")
 
 
-@pytest.mark.parametrize("bad", ["dra.mode=kubelet", "dra.slots=0", "dra.slots=1025", "dra.registryDir=relative"])
+@pytest.mark.parametrize(("kube", "named"), [("1.35.4", False), ("1.36.0", True), ("1.37.2", True)])
+def test_from_1_36_each_class_serves_its_extended_resource(any_helm: Helm, kube: str, named: bool) -> None:
+    [kvm] = by_kind(any_helm.template(sets=["dra.mode=dra"], kube_version=kube), "DeviceClass")
+    assert kvm["spec"].get("extendedResourceName") == ("ate.dev/kvm" if named else None)
+    sets = ["dra.mode=dra", "dra.extendedResourceName=false"]
+    [off] = by_kind(any_helm.template(sets=sets, kube_version=kube), "DeviceClass")
+    assert "extendedResourceName" not in off["spec"]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "dra.mode=kubelet",
+        "dra.sharing=shared",
+        "dra.extendedResourceName=yes",
+        "dra.slots=0",
+        "dra.slots=1025",
+        "dra.registryDir=relative",
+    ],
+)
 def test_schema_refuses_bad_dra_values(any_helm: Helm, bad: str) -> None:
     out = any_helm.run("template", "t", str(CHART), "--set", bad)
     assert out.returncode != 0
@@ -91,8 +112,9 @@ def test_the_daemon_accepts_the_dra_flags(any_helm: Helm) -> None:
     code = (
         "import sys; from ate_devplugin.cli import build_parser; from ate_devplugin.settings import resolve;"
         "a = build_parser().parse_args(['run', *sys.argv[1:]]);"
-        "s = resolve({k: getattr(a, k) for k in ('mode', 'registry_dir', 'dra_dir', 'dra_slots')}, {'NODE_NAME': 'n'});"
-        "print(s.mode, s.registration_socket, s.dra_socket, s.dra_slots)"
+        "keys = ('mode', 'registry_dir', 'dra_dir', 'dra_slots', 'dra_sharing');"
+        "s = resolve({k: getattr(a, k) for k in keys}, {'NODE_NAME': 'n'});"
+        "print(s.mode, s.registration_socket, s.dra_socket, s.dra_slots, s.dra_sharing)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code, *dra_args], capture_output=True, text=True, timeout=60, check=True
@@ -102,6 +124,7 @@ def test_the_daemon_accepts_the_dra_flags(any_helm: Helm) -> None:
         "/var/lib/kubelet/plugins_registry/ate.dev-reg.sock",
         "/var/lib/kubelet/plugins/ate.dev/dra.sock",
         "32",
+        "capacity",
     ]
 
 

@@ -179,7 +179,10 @@ def check_daemonset_security(ds: Manifest, values: dict[str, Any]) -> None:
         assert "--pod-resources=off" in c["args"]
 
     strategy = ds["spec"]["updateStrategy"]
-    if strategy["type"] == "RollingUpdate":
+    if strategy["type"] == "RollingUpdate" and mode == "device-plugin":  # helm's default Kubernetes: 1.37
+        assert strategy["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+        assert "--socket-suffix=$(K8S_POD_UID)" in c["args"]
+    elif strategy["type"] == "RollingUpdate":
         assert strategy["rollingUpdate"]["maxSurge"] == 0
         assert strategy["rollingUpdate"]["maxUnavailable"] == 1
 
@@ -190,7 +193,7 @@ def check_daemonset_security(ds: Manifest, values: dict[str, Any]) -> None:
 
 
 def test_daemonset_defaults(any_helm: Helm) -> None:
-    ds = one(any_helm.template(), "DaemonSet")
+    ds = one(any_helm.template(kube_version="1.35.4"), "DaemonSet")  # 1.37's rollout: the test below
     pod = ds["spec"]["template"]["spec"]
     c = _container(ds)
     assert pod["priorityClassName"] == "system-node-critical"
@@ -223,6 +226,25 @@ def test_image_reference(any_helm: Helm, sets: list[str], image: str) -> None:
     version = yaml.safe_load((REPO / "chart" / "Chart.yaml").read_text())["appVersion"]
     (ds,) = daemonsets(any_helm.template(sets=sets))
     assert _container(ds)["image"] == image.format(v=version)
+
+
+@pytest.mark.parametrize(
+    ("kube", "mode", "overlap"),
+    [("1.35.4", "device-plugin", False), ("1.36.3", "device-plugin", False), ("1.37.2", "device-plugin", True),
+     ("1.37.2", "both", False), ("1.37.2", "dra", False)],
+)  # fmt: skip
+def test_pods_overlap_in_a_rollout_only_where_the_kubelet_keeps_both(
+    any_helm: Helm, kube: str, mode: str, overlap: bool
+) -> None:
+    ds = one(any_helm.template(sets=[f"dra.mode={mode}"], kube_version=kube), "DaemonSet")
+    rolling = ds["spec"]["updateStrategy"]["rollingUpdate"]
+    suffixed = "--socket-suffix=$(K8S_POD_UID)" in _container(ds)["args"]
+    if overlap:
+        assert (rolling, suffixed) == ({"maxSurge": 1, "maxUnavailable": 0}, True)
+    else:
+        assert (rolling, suffixed) == ({"maxSurge": 0, "maxUnavailable": 1}, False)
+    [uid] = [e for e in _container(ds)["env"] if e["name"] == "K8S_POD_UID"]
+    assert uid["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
 
 
 def test_the_cdi_directory_is_mounted_only_when_cdi_is_used(

@@ -159,11 +159,14 @@ def test_kubernetes_1_35_drops_multiple_allocations(cluster_containerd2: Cluster
         cluster_containerd2.kubectl("delete", "resourceslice", "ate-probe-multiple-allocations", check=False)
 
 
-def test_the_node_publishes_its_kvm_slots(cluster_containerd2: Cluster, installed: None) -> None:
+def test_the_node_falls_back_to_its_kvm_slots(cluster_containerd2: Cluster, installed: None) -> None:
+    """The driver first writes the shareable device, reads back that 1.35 dropped its
+    allowMultipleAllocations, and publishes the slots alone."""
     pod = wait_plugin_ready(cluster_containerd2)
-    names = wait_until("the node's slices", lambda: slice_devices(cluster_containerd2) or None, 60)
+    expected = sorted(f"ate-dev-kvm-{i}" for i in range(SLOTS))
+    names = wait_until("the node's slots", lambda: slice_devices(cluster_containerd2) == expected and expected, 60)
     print("kubectl get resourceslices:\n" + cluster_containerd2.kubectl("get", "resourceslices", "-o", "wide"))
-    assert names == sorted(f"ate-dev-kvm-{i}" for i in range(SLOTS))
+    assert names == expected
     [item] = slices(cluster_containerd2)
     assert item["spec"]["nodeName"] == NODE
     assert item["spec"]["pool"]["name"] == NODE
@@ -173,10 +176,16 @@ def test_the_node_publishes_its_kvm_slots(cluster_containerd2: Cluster, installe
     values = metrics(cluster_containerd2, pod)
     assert sample(values, "ate_devplugin_dra_registered") == 1
     assert sample(values, "ate_devplugin_dra_slice_devices", resource_name=RESOURCE) == SLOTS
-    # Written once: what the API server stores matches what the driver wants, no rewrite loop.
+    assert sample(values, "ate_devplugin_dra_sharing", model="slots") == 1
+    assert sample(values, "ate_devplugin_dra_sharing", model="capacity") == 0
+    logs = cluster_containerd2.kubectl("logs", "-n", NAMESPACE, pod["metadata"]["name"])
+    [line] = [json.loads(line) for line in logs.splitlines() if "dropped allowMultipleAllocations" in line]
+    print(f"the plugin's log: {line['msg']}")
+    # Written twice: with the shareable device, then the slots alone; then what the API server
+    # stores matches what the driver wants, no rewrite loop.
     assert sample(values, "ate_devplugin_dra_slice_writes_total", op="create", result="success") == 1
-    assert sample(values, "ate_devplugin_dra_slice_writes_total", op="update", result="success") == 0
-    assert item["spec"]["pool"]["generation"] == 1
+    assert sample(values, "ate_devplugin_dra_slice_writes_total", op="update", result="success") == 1
+    assert item["spec"]["pool"]["generation"] == 2
     # DRA only: no unit of the extended resource on the node (a device plugin that ran
     # before, e.g. test_cdi.py's, leaves the kubelet listing it at 0).
     assert cluster_containerd2.node.resource("allocatable", RESOURCE) in (None, "0")

@@ -88,8 +88,11 @@ class Helm:
         release: str = RELEASE,
         namespace: str = NAMESPACE,
         chart: Path = CHART,
+        kube_version: str | None = None,
     ) -> str:
         args = ["template", release, str(chart), "--namespace", namespace]
+        if kube_version:
+            args += ["--kube-version", kube_version]
         for v in values:
             args += ["--values", str(v)]
         for s in sets:

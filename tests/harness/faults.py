@@ -9,6 +9,8 @@
   ConfigMap: timestamped data directories, ``..data`` swapped by a rename.
 * :func:`set_read_only`: make a directory inside a mount namespace read-only (a read-only
   bind mount over itself), and writable again.
+* :class:`PodResourcesPeer`: the kubelet's PodResources List answering any bytes it is
+  given (an answer too large, too long or undecodable).
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
+
+import grpc
 
 from tests.harness.daemon import DevicePluginDaemon
 from tests.harness.kubelet import Namespace
@@ -32,6 +37,7 @@ SpawnDaemon = Callable[..., DevicePluginDaemon]
 __all__ = [
     "ConfigMapDir",
     "Footprint",
+    "PodResourcesPeer",
     "SilentPeer",
     "SpawnDaemon",
     "set_read_only",
@@ -71,18 +77,22 @@ class Footprint:
     fds: int
     threads: int
     rss_kib: int
+    peak_rss_kib: int = 0  # the high-water mark since start or since reset_peak
 
     @classmethod
     def of(cls, pid: int) -> Footprint:
-        rss = 0
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1])
+        status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
         return cls(
             fds=len(os.listdir(f"/proc/{pid}/fd")),
             threads=len(os.listdir(f"/proc/{pid}/task")),
-            rss_kib=rss,
+            rss_kib=int(status["VmRSS"].split()[0]),
+            peak_rss_kib=int(status["VmHWM"].split()[0]),
         )
+
+    @staticmethod
+    def reset_peak(pid: int) -> None:
+        """Starts the high-water mark (VmHWM) afresh from the resident size now."""
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
 
     def fd_targets(self, pid: int) -> list[str]:
         out = []
@@ -252,3 +262,36 @@ def min_backoff_attempts(seconds: float, initial: float = 0.02, cap: float = 30.
             return attempts
         attempts += 1
         d = min(cap, d * 2)
+
+
+class PodResourcesPeer:
+    """The kubelet's PodResources API at ``path`` (a host-visible path): List answers
+    ``answer``, whatever bytes it holds; ``calls`` counts the Lists."""
+
+    def __init__(self, path: str | os.PathLike[str], answer: bytes = b"") -> None:
+        self.path = os.fspath(path)
+        self.answer = answer
+        self.calls = 0
+        self._server = grpc.server(ThreadPoolExecutor(2), options=[("grpc.max_send_message_length", 64 << 20)])
+        list_method = grpc.unary_unary_rpc_method_handler(self._list)  # no (de)serializers: bytes
+        handler = grpc.method_handlers_generic_handler("v1.PodResourcesLister", {"List": list_method})
+        self._server.add_generic_rpc_handlers([handler])
+
+    def _list(self, request: bytes, context: Any) -> bytes:
+        self.calls += 1
+        return self.answer
+
+    def start(self) -> Self:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self._server.add_insecure_port(f"unix:{self.path}")
+        self._server.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.stop(None)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()

@@ -219,3 +219,41 @@ resources:
     assert '"fileMode": 438' in (specs / "ate.dev-kvm.json").read_text()
     assert d.stop(signal.SIGTERM) == 0
     assert list(specs.iterdir()) == []
+
+
+def lowest_allocatable(kubelet: KubeletBench, seconds: float) -> int:
+    """The lowest allocatable of ``ate.dev/kvm`` the device manager reports over ``seconds``."""
+    lowest = UNITS
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        lowest = min(lowest, kubelet.capacity().of(KVM)[1])
+        time.sleep(0.01)
+    return lowest
+
+
+def test_two_pods_overlapping_on_their_own_sockets(
+    kubelet: KubeletBench, kubelet_ns: Namespace, daemon: MakeDaemon, kubelet_version: str
+) -> None:
+    """A rolling update with maxSurge 1: the new plugin pod (its own socket, named with its
+    pod UID) registers while the old one still serves, then the old one stops. 1.37's
+    device manager keeps one endpoint per socket: allocatable never drops. Earlier ones keep
+    one per resource: the old pod's stop marks the resource unhealthy although the new pod
+    serves it (so the chart overlaps pods only on 1.37)."""
+    old = daemon(env={"ATE_DEVPLUGIN_SOCKET_SUFFIX": "4c2f-old"})
+    full(kubelet)
+    new = daemon(env={"ATE_DEVPLUGIN_SOCKET_SUFFIX": "9a1e-new"})
+    wait_until(lambda: new.metric("ate_devplugin_registered", resource_name=KVM) == 1, 30, "the new pod registered")
+    assert {"ate-ate-dev-kvm-4c2f-old.sock", "ate-ate-dev-kvm-9a1e-new.sock"} <= set(kubelet_ns.sockets())
+    overlapping = lowest_allocatable(kubelet, 1.0)
+    assert old.stop() == 0
+    after = lowest_allocatable(kubelet, 2.0)
+    print(
+        f"kubelet {kubelet_version}: lowest allocatable {overlapping} while both serve, {after} after the old stopped"
+    )
+    assert overlapping == UNITS
+    if tuple(map(int, kubelet_version.split("."))) < (1, 37):
+        assert after == 0
+        return
+    assert after == UNITS
+    assert kubelet.allocate("pod-a", "vm", {KVM: 1}).devices == [KVM_SPEC]
+    assert new.metric("ate_devplugin_allocate_requests_total", resource_name=KVM, code="OK") == 1

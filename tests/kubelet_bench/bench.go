@@ -124,6 +124,13 @@ func runBench(args []string) int {
 		removed:      sets.New[string](),
 	}
 
+	serveLines(b.logger, b.handle, func() { b.stopManager() })
+	return 0
+}
+
+// serveLines answers the JSON lines of stdin with handle, one line each, until
+// handle says exit, stdin closes or a SIGTERM/SIGINT arrives (then stop runs).
+func serveLines(logger klog.Logger, handle func([]byte) (map[string]any, bool), stop func()) {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	lines := make(chan []byte)
@@ -132,19 +139,19 @@ func runBench(args []string) int {
 	for {
 		select {
 		case sig := <-sigs:
-			b.logger.Info("Signal received, stopping", "signal", sig.String())
-			b.stopManager()
-			return 0
+			logger.Info("Signal received, stopping", "signal", sig.String())
+			stop()
+			return
 		case line, ok := <-lines:
 			if !ok {
-				b.logger.Info("stdin closed, stopping")
-				b.stopManager()
-				return 0
+				logger.Info("stdin closed, stopping")
+				stop()
+				return
 			}
 			if len(bytes.TrimSpace(line)) == 0 {
 				continue
 			}
-			resp, exit := b.handle(line)
+			resp, exit := handle(line)
 			data, err := json.Marshal(resp)
 			if err != nil {
 				data, _ = json.Marshal(map[string]any{"ok": false, "error": "encoding response: " + err.Error()})
@@ -152,7 +159,7 @@ func runBench(args []string) int {
 			_, _ = out.Write(append(data, '\n'))
 			_ = out.Flush()
 			if exit {
-				return 0
+				return
 			}
 		}
 	}
@@ -233,6 +240,8 @@ func (b *bench) handle(line []byte) (resp map[string]any, exit bool) {
 		}
 	case "rpc_load":
 		err = cmdRPCLoad(line, resp)
+	case "memstats":
+		err = cmdMemstats(line, resp)
 	case "exit":
 		b.stopManager()
 		exit = true

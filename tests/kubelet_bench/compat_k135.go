@@ -11,6 +11,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
+	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
 )
 
@@ -34,4 +35,9 @@ func updateAllocatedDevices(_ klog.Logger, m *devicemanager.ManagerImpl) {
 
 func allocatableDevices(_ klog.Logger, m *devicemanager.ManagerImpl) devicemanager.ResourceDeviceInstances {
 	return m.GetAllocatableDevices()
+}
+
+// draGetNode adapts a node getter to the DRA manager's GetNodeFunc (no context in 1.35).
+func draGetNode(get func(context.Context) (*v1.Node, error)) dra.GetNodeFunc {
+	return func() (*v1.Node, error) { return get(context.Background()) }
 }

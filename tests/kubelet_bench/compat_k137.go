@@ -12,6 +12,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
+	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
 	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
 )
@@ -36,4 +37,9 @@ func updateAllocatedDevices(logger klog.Logger, m *devicemanager.ManagerImpl) {
 
 func allocatableDevices(logger klog.Logger, m *devicemanager.ManagerImpl) devicemanager.ResourceDeviceInstances {
 	return m.GetAllocatableDevices(logger)
+}
+
+// draGetNode adapts a node getter to the DRA manager's GetNodeFunc (with a context from 1.37).
+func draGetNode(get func(context.Context) (*v1.Node, error)) dra.GetNodeFunc {
+	return get
 }

@@ -7,6 +7,7 @@
 //
 //	kubelet-bench [bench] [-v N]   JSON-lines control protocol on stdin/stdout
 //	kubelet-bench stub-plugin ...  the kubelet's stub device plugin
+//	kubelet-bench dra ...          the kubelet's DRA manager for one node (1.35+)
 //	kubelet-bench version          one JSON line describing the build
 //
 // The device manager's kubelet socket is hard-wired upstream to
@@ -36,11 +37,13 @@ func main() {
 		os.Exit(runBench(args))
 	case "stub-plugin":
 		os.Exit(runStub(args))
+	case "dra":
+		os.Exit(runDRA(args))
 	case "version":
 		out, _ := json.Marshal(versionInfo())
 		fmt.Println(string(out))
 	default:
-		fmt.Fprintf(os.Stderr, "unknown subcommand %q (want bench, stub-plugin or version)\n", cmd)
+		fmt.Fprintf(os.Stderr, "unknown subcommand %q (want bench, stub-plugin, dra or version)\n", cmd)
 		os.Exit(2)
 	}
 }

@@ -23,7 +23,7 @@ from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2_grpc
 from ate_devplugin.settings import Timing
 from tests.harness.daemon import DevicePluginDaemon, MakeDaemon
 from tests.harness.devices import add_device_node, remove_device_node
-from tests.harness.faults import SilentPeer, log_matches, min_backoff_attempts, soak, soak_seconds
+from tests.harness.faults import Footprint, SilentPeer, log_matches, min_backoff_attempts, soak, soak_seconds
 from tests.harness.kubelet import KUBELET_SOCKET, PLUGIN_DIR, DeviceSpec, KubeletBench, Namespace
 from tests.harness.otlp import OtlpReceiver
 from tests.harness.wait import holds_for, wait_until
@@ -272,9 +272,11 @@ def test_malformed_and_hostile_requests_get_the_right_status(
     )
     full(kubelet)
     full(kubelet, "ate.dev/tun", 8)
-    big = 300_000  # ~3.3 MB of unknown IDs: under the 4 MiB message limit
+    big = 300_000  # ~3.3 MB of unknown IDs: under the 4 MiB message limit, over kvm's request bound
     too_big = 500_000  # ~5.4 MB: over it
     invalid = grpc.StatusCode.INVALID_ARGUMENT
+    # Larger than the kubelet can send kvm (every unit ID twice, ~80 KB): refused unread.
+    exhausted = grpc.StatusCode.RESOURCE_EXHAUSTED
     allocate_cases: list[tuple[str, pb.AllocateRequest, grpc.StatusCode]] = [
         ("unknown ID", allocate_request("kvm-4096"), invalid),
         ("not an ID at all", allocate_request("../../etc/passwd"), invalid),
@@ -283,8 +285,8 @@ def test_malformed_and_hostile_requests_get_the_right_status(
         ("duplicated ID", allocate_request("kvm-1", "kvm-1"), invalid),
         ("another resource's ID", allocate_request("tun-0"), invalid),
         ("empty string ID", allocate_request(""), invalid),
-        ("one huge ID", allocate_request("kvm-" + "9" * (1 << 20)), invalid),
-        ("huge list of unknown IDs", allocate_request(*[f"x-{n}" for n in range(big)]), invalid),
+        ("one huge ID", allocate_request("kvm-" + "9" * (1 << 20)), exhausted),
+        ("huge list of unknown IDs", allocate_request(*[f"x-{n}" for n in range(big)]), exhausted),
         ("huge list, one unknown", allocate_request(*[f"kvm-{n}" for n in range(UNITS)], "kvm-x"), invalid),
         ("every ID twice", allocate_request(*[f"kvm-{n}" for n in range(UNITS)] * 2), invalid),
         (
@@ -374,8 +376,8 @@ def test_absurd_requests_are_refused_while_others_are_served(
     kubelet: KubeletBench, kubelet_ns: Namespace, daemon: MakeDaemon
 ) -> None:
     """Thousands of container requests in one call (the kubelet sends one) are refused
-    with INVALID_ARGUMENT before any per-container work, and a well-formed caller is
-    answered all along (issue 10)."""
+    before any per-container work (INVALID_ARGUMENT; RESOURCE_EXHAUSTED unread when larger
+    than the kubelet can send), and a well-formed caller is answered all along."""
     d = daemon()
     full(kubelet)
     invalid = grpc.StatusCode.INVALID_ARGUMENT
@@ -441,10 +443,34 @@ def test_absurd_requests_are_refused_while_others_are_served(
         caller.join(60)
     assert not caller.is_alive()
     assert errors == []
-    assert got == dict.fromkeys(cases, invalid)
+    exhausted = grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert got == {name: invalid if "2,000" in name else exhausted for name in cases}
     assert d.proc is not None
     assert d.proc.poll() is None
     assert kubelet.allocate("pod-a", "vm", {KVM: 1}).devices
+
+
+def test_a_4_mib_allocate_is_refused_before_it_costs_memory(
+    kubelet: KubeletBench, kubelet_ns: Namespace, daemon: MakeDaemon
+) -> None:
+    """Valid-looking unit IDs up to the 4 MiB gRPC allows: the kubelet never sends more than
+    the units' IDs, so the server refuses it (RESOURCE_EXHAUSTED) unread."""
+    d = daemon()
+    full(kubelet)
+    assert d.proc is not None
+    ids = [f"kvm-{n % UNITS}" for n in range(430_000)]
+    payload = allocate_request(*ids).SerializeToString()
+    assert 4_000_000 < len(payload) < 4 * 1024 * 1024
+    before = Footprint.of(d.proc.pid)
+    Footprint.reset_peak(d.proc.pid)
+    with grpc.insecure_channel(plugin_target(kubelet_ns)) as channel:
+        codes = [_unary(channel, "Allocate", payload) for _ in range(3)]
+        assert _unary(channel, "Allocate", allocate_request("kvm-0").SerializeToString()) == grpc.StatusCode.OK
+    growth = (Footprint.of(d.proc.pid).peak_rss_kib - before.rss_kib) / 1024
+    print(f"4 MiB Allocate of unit IDs ({len(payload) / 1e6:.1f} MB): {codes[0].name}, peak RSS +{growth:.1f} MiB")
+    assert codes == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 3
+    assert growth < 8, growth
+    assert kubelet.allocate("pod-a", "vm", {KVM: 1}).devices == [KVM_SPEC]
 
 
 # --- SIGTERM at awkward moments -------------------------------------------------------

@@ -164,6 +164,33 @@ async def test_a_rejected_reload_keeps_the_running_config(tmp_path: Path) -> Non
     await asyncio.wait_for(task, 5)
 
 
+TORN = "resources: [{name: ate.dev/kvm, devices: [/dev/kvm]}, {name: ate.dev/tun, devices: [/dev/net/"
+
+
+@pytest.mark.parametrize("torn", [TORN, KVM_ONLY], ids=["invalid", "valid"])
+async def test_a_torn_write_restarts_nothing(tmp_path: Path, torn: str) -> None:
+    """The file written in place in two steps: its first part (valid or not) is never
+    judged, so the unchanged resources keep their agents and nothing is counted."""
+    s = Setup(tmp_path, KVM_AND_TUN)
+    task = await running(s)
+    agents = dict(s.plugin.agents)
+    with s.config.open("w") as f:  # truncated, and the first part written (closed: an event)
+        f.write(torn)
+    await asyncio.sleep(0.05)
+    with s.config.open("w") as f:
+        f.write(KVM_AND_TUN)
+    await asyncio.sleep(s.settings.timing.reload_settle_s * 3)
+    assert s.plugin.agents == agents
+    assert s.kubelet.calls == 2  # one registration each
+    assert s.sample("ate_devplugin_config_reloads_total", result="failure") == 0
+    assert s.sample("ate_devplugin_config_reloads_total", result="success") == 0
+    s.config.write_text(KVM_ONLY)  # a real change is applied, once settled
+    await until(lambda: "ate.dev/tun" not in s.plugin.agents, "tun removed")
+    assert s.plugin.agents["ate.dev/kvm"] is agents["ate.dev/kvm"]
+    s.daemon.request_stop("SIGTERM")
+    await asyncio.wait_for(task, 5)
+
+
 async def test_a_reload_that_hangs_is_rejected_in_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     s = Setup(tmp_path, KVM_ONLY, reload_timeout_s=0.2)
     task = await running(s)

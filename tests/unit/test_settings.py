@@ -6,8 +6,11 @@ from dataclasses import fields, replace
 
 import pytest
 
-from ate_devplugin.config import ConfigError, ResourceConfig
+from ate_devplugin.config import DEFAULT_RESOURCES, ConfigError, ResourceConfig
+from ate_devplugin.config.checks import check_across
 from ate_devplugin.settings import Timing, idle_fields, mode_of, resolve
+
+KVM = DEFAULT_RESOURCES[0]
 
 
 def test_flags_win_over_env() -> None:
@@ -178,3 +181,22 @@ def test_each_subsystem_gets_its_own_part() -> None:
     # Without the device plugin nobody watches its directory: no checkpoint to follow.
     dra_only = resolve({"mode": "dra", "pod_resources": "on"}, {"NODE_NAME": "n"})
     assert dra_only.for_pod_resources().checkpoint is None
+
+
+def test_a_socket_suffix_names_the_device_plugin_sockets() -> None:
+    plain = resolve({}, {}).for_device_plugin()
+    assert plain.socket_path(KVM) == "/var/lib/kubelet/device-plugins/ate-ate-dev-kvm.sock"
+    uid = "0f3c9a6e-5b1d-4c1e-9d2a-7e8f6a5b4c3d"
+    suffixed = resolve({}, {"ATE_DEVPLUGIN_SOCKET_SUFFIX": uid}).for_device_plugin()
+    assert suffixed.socket_path(KVM) == f"/var/lib/kubelet/device-plugins/ate-ate-dev-kvm-{uid}.sock"
+    for bad in ("-x", "a/b", "x" * 65):
+        with pytest.raises(ConfigError, match=r"^--socket-suffix: must be up to 64 letters, digits and '-'"):
+            resolve({"socket_suffix": bad}, {})
+
+
+def test_the_socket_path_limit_counts_the_suffix() -> None:
+    plugin_dir = "/var/lib/kubelet/device-plugins"
+    long = (ResourceConfig(name="ate.dev/" + "k" * 40, devices=("/dev/kvm",)),)
+    check_across(long, plugin_dir)  # 89 bytes; 126 with a pod UID
+    with pytest.raises(ConfigError, match="longer than the 107-byte unix socket limit"):
+        check_across(long, plugin_dir, "0f3c9a6e-5b1d-4c1e-9d2a-7e8f6a5b4c3d")

@@ -21,6 +21,7 @@ from ate_devplugin.config.model import (
     MountConfig,
     ResourceConfig,
     max_units,
+    socket_name,
 )
 from ate_devplugin.config.rules import Field, Then
 from ate_devplugin.config.schema import DOCUMENT, RESOURCE, RESOURCES
@@ -89,10 +90,10 @@ _DOCUMENT = replace(
 )
 
 
-def check_across(resources: tuple[ResourceConfig, ...], plugin_dir: str | None = None) -> None:
+def check_across(resources: tuple[ResourceConfig, ...], plugin_dir: str | None = None, socket_suffix: str = "") -> None:
     """The rules across resources: unique names and socket files, (given the plugin
-    directory) socket paths that fit a unix socket address, and units in all within the
-    memory budget. Raises ConfigError with every problem found."""
+    directory) socket paths that fit a unix socket address, with ``socket_suffix`` in
+    their names, and units in all within the memory budget. Raises ConfigError with every problem found."""
     problems = Problems()
     seen: dict[str, int] = {}
     for i, r in enumerate(resources):
@@ -102,7 +103,7 @@ def check_across(resources: tuple[ResourceConfig, ...], plugin_dir: str | None =
         seen.setdefault(r.name, i)
         seen.setdefault(r.socket_name, i)
         if plugin_dir is not None:
-            path = os.path.join(plugin_dir, r.socket_name)
+            path = os.path.join(plugin_dir, socket_name(r.name, socket_suffix))
             if len(os.fsencode(path)) > MAX_SOCKET_PATH:
                 problems.add(
                     ConfigError(

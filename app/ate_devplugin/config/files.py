@@ -144,24 +144,24 @@ def _count_nodes(text: str) -> None:
             raise ConfigError("document", f"more than {MAX_YAML_NODES} YAML nodes (aliases counted expanded)")
 
 
-def load(path: Path | None, plugin_dir: str) -> tuple[ResourceConfig, ...]:
+def load(path: Path | None, plugin_dir: str, socket_suffix: str = "") -> tuple[ResourceConfig, ...]:
     """The resources the daemon starts with: the file's (the default without one), checked
-    against the plugin directory too (socket path lengths)."""
+    against the plugin directory too (socket path lengths, with the sockets' suffix)."""
     if path is None:
-        check_across(DEFAULT_RESOURCES, plugin_dir)
+        check_across(DEFAULT_RESOURCES, plugin_dir, socket_suffix)
         return DEFAULT_RESOURCES
-    return decode(read_config_file(path), str(path), plugin_dir)
+    return decode(read_config_file(path), str(path), plugin_dir, socket_suffix)
 
 
-def decode(data: bytes, source: str, plugin_dir: str) -> tuple[ResourceConfig, ...]:
+def decode(data: bytes, source: str, plugin_dir: str, socket_suffix: str = "") -> tuple[ResourceConfig, ...]:
     """The resources of file content already read, checked against the plugin directory."""
     resources = decode_resources(data, source)
-    check_across(resources, plugin_dir)
+    check_across(resources, plugin_dir, socket_suffix)
     return resources
 
 
 def read_again(
-    path: Path, plugin_dir: str, previous: bytes | None
+    path: Path, plugin_dir: str, previous: bytes | None, socket_suffix: str = ""
 ) -> tuple[bytes, tuple[ResourceConfig, ...] | ConfigError | None]:
     """The file's bytes and, unless they equal ``previous``, its resources or why they are
     rejected. Raises ConfigError when the file cannot be read."""
@@ -169,6 +169,6 @@ def read_again(
     if data == previous:
         return data, None
     try:
-        return data, decode(data, str(path), plugin_dir)
+        return data, decode(data, str(path), plugin_dir, socket_suffix)
     except ConfigError as exc:
         return data, exc

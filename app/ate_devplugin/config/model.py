@@ -86,8 +86,10 @@ class ResourceConfig:
         return (f"{prefix}-{n}" for n in range(self.units))
 
 
-def socket_name(resource_name: str) -> str:
-    return "ate-" + re.sub(SOCKET_CHARS, "-", resource_name) + ".sock"
+def socket_name(resource_name: str, suffix: str = "") -> str:
+    """The resource's socket file; a suffix (the pod's UID) lets two plugin pods serve it on
+    one node while a rolling update overlaps them."""
+    return "ate-" + re.sub(SOCKET_CHARS, "-", resource_name) + (f"-{suffix}" if suffix else "") + ".sock"
 
 
 DEFAULT_RESOURCES = (ResourceConfig(name="ate.dev/kvm", devices=("/dev/kvm",)),)

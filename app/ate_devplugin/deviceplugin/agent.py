@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 
 from opentelemetry import context
@@ -18,13 +19,13 @@ from ate_devplugin.config import ResourceConfig
 from ate_devplugin.deviceplugin.inventory import HEALTHY, UNHEALTHY, ResourceState
 from ate_devplugin.deviceplugin.ports import Ports
 from ate_devplugin.deviceplugin.reconciler import Action, Observed, decide
-from ate_devplugin.deviceplugin.registration import Backoff, RegistrationError
+from ate_devplugin.deviceplugin.registration import RegistrationError
 from ate_devplugin.deviceplugin.servicer import plugin_options
 from ate_devplugin.host.devices import Discovery
 from ate_devplugin.host.sockets import ServeError
 from ate_devplugin.observability.metrics import Metrics
 from ate_devplugin.settings import DevicePluginSettings
-from ate_devplugin.tasks import Guard, cancel
+from ate_devplugin.tasks import Backoff, Guard, cancel
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +228,11 @@ class ResourceAgent:
         self.state.registering()
         attempt = asyncio.ensure_future(
             self.ports.kubelet.register(
-                self.kubelet_socket, self.config.socket_name, self.name, plugin_options(self.config), self._cause
+                self.kubelet_socket,
+                os.path.basename(self.socket_path),
+                self.name,
+                plugin_options(self.config),
+                self._cause,
             )
         )
         self._attempt = attempt

@@ -1,8 +1,6 @@
-"""Registering a resource with the kubelet, and the backoff between attempts."""
+"""Registering a resource with the kubelet."""
 
 from __future__ import annotations
-
-import random
 
 import grpc
 from opentelemetry.context import Context
@@ -11,6 +9,9 @@ from opentelemetry.trace import SpanKind, Tracer
 from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
 from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2_grpc
 from ate_devplugin.observability.tracing import rpc_span, set_rpc_status
+from ate_devplugin.tasks import Backoff
+
+__all__ = ["Backoff", "RegistrationError", "register"]
 
 API_VERSION = "v1beta1"
 
@@ -59,21 +60,3 @@ async def register(
                     f"register {resource_name} at {kubelet_socket}: {code.name}: {exc.details()}",
                 ) from exc
         set_rpc_status(span, grpc.StatusCode.OK.value[0], "OK")
-
-
-class Backoff:
-    """Capped exponential backoff with jitter: each delay is drawn from [d/2, d]."""
-
-    def __init__(self, initial: float, cap: float, rng: random.Random | None = None) -> None:
-        self.initial = initial
-        self.cap = cap
-        self._rng = rng or random.Random()
-        self._next = initial
-
-    def next(self) -> float:
-        d = self._next
-        self._next = min(self.cap, d * 2)
-        return d / 2 + self._rng.random() * d / 2
-
-    def reset(self) -> None:
-        self._next = self.initial

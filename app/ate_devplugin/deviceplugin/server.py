@@ -9,7 +9,7 @@ import grpc
 from google.protobuf.message_factory import GetMessageClass
 
 from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
-from ate_devplugin.deviceplugin.servicer import DevicePluginServicer
+from ate_devplugin.deviceplugin.servicer import DevicePluginServicer, max_request_bytes
 from ate_devplugin.host.sockets import UnixServer
 
 
@@ -34,5 +34,8 @@ def device_plugin_handler(servicer: DevicePluginServicer) -> grpc.GenericRpcHand
 
 
 def plugin_server(socket_path: str, servicer: DevicePluginServicer, stop_margin: float = 0.5) -> UnixServer:
+    """The server refuses a request larger than the kubelet can send this resource
+    (RESOURCE_EXHAUSTED), before it is decoded: every method's request is bounded by it."""
     handler = device_plugin_handler(servicer)
-    return UnixServer(socket_path, lambda server: server.add_generic_rpc_handlers([handler]), stop_margin)
+    options = [("grpc.max_receive_message_length", max_request_bytes(servicer.state.config))]
+    return UnixServer(socket_path, lambda server: server.add_generic_rpc_handlers([handler]), stop_margin, options)

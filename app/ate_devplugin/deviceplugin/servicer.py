@@ -12,7 +12,7 @@ import grpc
 from opentelemetry.trace import NoOpTracer, SpanKind, Tracer
 
 from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
-from ate_devplugin.config import ALLOCATE_CDI, ResourceConfig
+from ate_devplugin.config import ALLOCATE_CDI, MAX_MESSAGE_BYTES, ResourceConfig
 from ate_devplugin.deviceplugin.inventory import HEALTHY, ResourceState
 from ate_devplugin.host.cdi import device_id
 from ate_devplugin.host.devices import DeviceNode
@@ -31,6 +31,29 @@ _OPTIONS = {
 # The kubelet sends one container request per call; a bound keeps a hostile caller from
 # holding the event loop (and everyone else) with thousands of them.
 MAX_CONTAINER_REQUESTS = 64
+
+
+def max_request_bytes(config: ResourceConfig) -> int:
+    """The largest request the kubelet can send this resource, encoded.
+
+    The kubelet asks for one container at a time, and a container gets at most every unit:
+    an Allocate or PreStartContainer names each unit ID at most once, a
+    GetPreferredAllocation at most twice (available and must-include) plus a size. The
+    container wrappers of MAX_CONTAINER_REQUESTS are allowed on top. A larger request is
+    refused by gRPC before it is read whole (a 4 MiB Allocate of unit IDs costs over
+    100 MiB to hold); for the default 4096 units this is about 80 KB, and never more than
+    the 4 MiB gRPC allows by default.
+    """
+    ids = sum(_field_bytes(len(unit)) for unit in config.unit_ids())
+    per_container = _field_bytes(2 * ids + 1 + 10)  # ids twice, allocation_size (tag, int32)
+    bound = per_container + MAX_CONTAINER_REQUESTS * _field_bytes(0) + 1024  # + room for unknown fields
+    return min(bound, MAX_MESSAGE_BYTES)
+
+
+def _field_bytes(length: int) -> int:
+    """A length-delimited field's encoded size: tag, length, bytes."""
+    return 1 + max(1, (length.bit_length() + 6) // 7) + length
+
 
 # The servicer's methods see the context only to abort with a status.
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -54,8 +77,13 @@ class RequestError(Exception):
 class DevicePluginServicer:
     """The answers of one resource's DevicePlugin service (registered by server.py)."""
 
-    def __init__(self, state: ResourceState, metrics: Metrics, tracer: Tracer) -> None:
+    def __init__(
+        self, state: ResourceState, metrics: Metrics, tracer: Tracer, cdi_problem: Callable[[str], str] = lambda _: ""
+    ) -> None:
+        """``cdi_problem(resource)`` says why the resource's CDI spec is not on disk ("" when
+        it is): no answer names a CDI device the runtime cannot resolve."""
         self.state = state
+        self.cdi_problem = cdi_problem
         self.metrics = metrics
         self.tracer = tracer
         # The API's no-op tracer (tracing off) records nothing: skip span work altogether.
@@ -66,7 +94,7 @@ class DevicePluginServicer:
         # The answer for one container request (what the kubelet sends), remade only when
         # the discovered nodes change (every filesystem event brings a new, usually equal,
         # discovery). Messages are never changed after they are made, so one serves all calls.
-        self._answer_of_one: tuple[tuple[DeviceNode, ...], pb.AllocateResponse] | None = None
+        self._answer_of_one: dict[bool, tuple[tuple[DeviceNode, ...], pb.AllocateResponse]] = {}  # by "with CDI"
         # Series children looked up once: labels() costs a lock and a dict per call.
         self._preferred_calls = metrics.preferred_allocation_requests.labels(self.resource)
         self._allocate_calls: dict[grpc.StatusCode, Any] = {}
@@ -189,15 +217,22 @@ class DevicePluginServicer:
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"{self.resource}: device nodes are absent ({', '.join(state.config.devices)})",
             )
+        with_cdi = state.config.uses_cdi
+        if with_cdi and (problem := self.cdi_problem(self.resource)):
+            if state.config.allocate == ALLOCATE_CDI:  # the name is all the answer would have
+                raise RequestError(grpc.StatusCode.FAILED_PRECONDITION, f"{self.resource}: {problem}")
+            log.warning("Allocate answers with device specs only: %s", problem, extra={"resource": self.resource})
+            with_cdi = False
         # Every unit of a resource stands for the same device nodes: each container gets them once.
-        one = self._allocate_one()
+        one = self._allocate_one(with_cdi)
         if len(requests) == 1:
             return one
         return pb.AllocateResponse(container_responses=list(one.container_responses) * len(requests))
 
-    def _allocate_one(self) -> pb.AllocateResponse:
+    def _allocate_one(self, with_cdi: bool) -> pb.AllocateResponse:
         nodes = self.state.discovery.nodes
-        if self._answer_of_one is None or self._answer_of_one[0] != nodes:
+        made = self._answer_of_one.get(with_cdi)
+        if made is None or made[0] != nodes:
             config = self.state.config
             container = pb.ContainerAllocateResponse()
             if config.allocate != ALLOCATE_CDI:  # device specs: any runtime applies them
@@ -210,10 +245,10 @@ class DevicePluginServicer:
                     pb.DeviceSpec(container_path=n.host_path, host_path=n.host_path, permissions=config.permissions)
                     for n in nodes
                 )
-            if config.uses_cdi:  # the runtime applies the resource's CDI spec (nodes, mounts, env)
+            if with_cdi:  # the runtime applies the resource's CDI spec (nodes, mounts, env)
                 container.cdi_devices.append(pb.CDIDevice(name=device_id(config.name)))
-            self._answer_of_one = (nodes, pb.AllocateResponse(container_responses=[container]))
-        return self._answer_of_one[1]
+            made = self._answer_of_one[with_cdi] = (nodes, pb.AllocateResponse(container_responses=[container]))
+        return made[1]
 
     def _preferred(self, request: pb.PreferredAllocationRequest) -> pb.PreferredAllocationResponse:
         responses = []

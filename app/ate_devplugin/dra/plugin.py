@@ -1,4 +1,4 @@
-"""The DRA kubelet plugin: the node service, its registration and this node's slices.
+"""The DRA kubelet plugin: the node service, device health, its registration and this node's slices.
 
 Start order follows what the kubelet expects: the DRA service socket first, then the
 registration socket (whose appearance makes the kubelet call GetInfo and dial the
@@ -18,13 +18,15 @@ import grpc
 from opentelemetry.trace import Tracer
 
 from ate_devplugin.config import ResourceConfig
-from ate_devplugin.dra import registration, service
+from ate_devplugin.dra import health, registration, service
+from ate_devplugin.dra.health import DeviceReport, HealthBoard
 from ate_devplugin.dra.registration import RegistrationServicer
 from ate_devplugin.dra.service import ClaimReader, DraDriver
-from ate_devplugin.dra.slices import SliceApi, SlicePublisher, slot_devices
+from ate_devplugin.dra.slices import SliceApi, SliceDevice, SlicePublisher, resource_devices
 from ate_devplugin.host.devices import Discovery
 from ate_devplugin.host.sockets import UnixServer
 from ate_devplugin.host.watcher import FsEvent, Watches
+from ate_devplugin.observability.logs import reason
 from ate_devplugin.observability.metrics import DraMetrics
 from ate_devplugin.settings import DraSettings
 from ate_devplugin.tasks import Guard
@@ -33,6 +35,10 @@ log = logging.getLogger(__name__)
 
 # Grace for the kubelet's calls in flight when the driver stops.
 STOP_GRACE_S = 0.2
+# Deleting this node's slices at stop, of the daemon's few seconds to exit: an API server
+# that does not answer costs this much, and the kubelet deletes the slices 30 s later.
+STOP_SLICES_S = 1.0
+CLOSE_S = 0.2
 
 
 class ApiServer(ClaimReader, SliceApi, Protocol):
@@ -51,24 +57,38 @@ class DraPlugin:
         cdi_id: Callable[[str], str],
         metrics: DraMetrics,
         tracer: Tracer,
+        cdi_problem: Callable[[str], str] = lambda _: "",
     ) -> None:
         self.settings = settings
         self.api = api
         self.cdi_id = cdi_id
+        self.cdi_problem = cdi_problem
         self.metrics = metrics
         self.tracer = tracer
         driver, node = settings.driver, settings.node_name
-        self.publisher = SlicePublisher(api, driver, node, metrics)
-        self.driver = DraDriver(driver, node, self._lookup, api, metrics)
+        self.publisher = SlicePublisher(api, driver, node, metrics, sharing=settings.sharing == "capacity")
+        self.driver = DraDriver(driver, node, self._lookup, api, metrics, self._cdi_problem)
+        self.health = HealthBoard()
         self.registration = RegistrationServicer(
             driver, settings.socket, lambda registered: metrics.registered.set(int(registered))
         )
         self._resources: tuple[ResourceConfig, ...] = ()
         self._servers: list[UnixServer] = []
+        # Device name -> resource, of every present resource's devices in the configured
+        # model: a claim the scheduler allocated just before a fallback to slots still prepares.
+        self._present: dict[str, str] = {}
 
     def _lookup(self, device: str) -> str | None:
-        resource = self.publisher.devices.get(device)
+        """The one place prepare asks for a device's CDI ID (``cdi_id``: host.cdi's answer)."""
+        resource = self._present.get(device)
         return None if resource is None else self.cdi_id(resource)
+
+    def _cdi_problem(self, device: str) -> str:
+        resource = self._present.get(device)
+        return "" if resource is None else self.cdi_problem(resource)
+
+    def _devices(self, resource: ResourceConfig, shared: bool) -> list[SliceDevice]:
+        return resource_devices(resource.name, resource.units, self.settings.slots, shared)
 
     # --- the component --------------------------------------------------------------
 
@@ -76,7 +96,7 @@ class DraPlugin:
         """Raises host.sockets.ServeError when a socket cannot be served."""
         self._resources = resources
         sockets: list[tuple[str, Callable[[grpc.aio.Server], None]]] = [
-            (self.settings.socket, lambda server: service.add_to_server(self.driver, self.tracer, server)),
+            (self.settings.socket, self._add_node_services),
             (self.settings.registration_socket, lambda server: registration.add_to_server(self.registration, server)),
         ]
         for path, add_services in sockets:
@@ -90,16 +110,23 @@ class DraPlugin:
             extra={"driver": self.settings.driver, "node": self.settings.node_name, "socket": self.settings.socket},
         )
 
+    def _add_node_services(self, server: grpc.aio.Server) -> None:
+        service.add_to_server(self.driver, self.tracer, server)
+        health.add_to_server(self.health, self.settings.node_name, self.metrics, server)
+
     async def stop(self, deadline_s: float) -> list[str]:
         """Sockets removed and slices deleted, within ``deadline_s`` for the API calls."""
         for server in reversed(self._servers):
             await server.stop(STOP_GRACE_S)
         self._servers = []
         try:
-            await asyncio.wait_for(self.publisher.stop(), deadline_s)
+            await asyncio.wait_for(self.publisher.stop(), min(deadline_s, STOP_SLICES_S))
         except Exception as exc:  # a failed cleanup must not hold the exit
-            log.error("could not delete this node's resource slices: %r", exc)
-        await self.api.close()
+            log.error("could not delete this node's resource slices: %s", reason(exc))
+        try:
+            await asyncio.wait_for(self.api.close(), CLOSE_S)
+        except Exception as exc:
+            log.warning("could not close the API client: %s", reason(exc))
         return []
 
     def readiness(self) -> tuple[bool, str]:
@@ -124,6 +151,18 @@ class DraPlugin:
         self._resources = resources  # published at the discovery that follows
 
     def on_discovery(self, found: Mapping[str, Discovery]) -> None:
-        """Publishes the resources whose device nodes are all present (their CDI specs are written by then)."""
-        present = [r.name for r in self._resources if found[r.name].complete]
-        self.publisher.publish(slot_devices(present, self.settings.slots))
+        """Publishes the resources whose device nodes are all present (their CDI specs are
+        written by then), and reports every resource's devices healthy or not."""
+        shared = self.settings.sharing == "capacity"
+        present = [r for r in self._resources if found[r.name].complete]
+        wanted = [d for r in present for d in self._devices(r, shared)]
+        self._present = {d.name: d.resource for d in wanted}
+        self.publisher.publish(wanted)
+        reports = []
+        for r in self._resources:
+            ok = found[r.name].complete
+            text = f"{r.name}: " + (
+                "every device node present" if ok else f"device node missing ({', '.join(r.devices)})"
+            )
+            reports += [DeviceReport(d.name, ok, text) for d in self._devices(r, self.publisher.sharing)]
+        self.health.update(reports)

@@ -3,6 +3,8 @@
 The kubelet watches its ``plugins_registry`` directory; for each socket there it calls
 GetInfo (within 1 s) and then NotifyRegistrationStatus. It deregisters a plugin only when
 its socket file goes, so this server just answers and records what the kubelet said.
+The kubelet's error string is clipped before it reaches /readyz or a log line, and a
+refusal is logged once per distinct error (the kubelet repeats it with every retry).
 """
 
 from __future__ import annotations
@@ -14,12 +16,16 @@ import grpc
 
 from ate_devplugin.api.pluginregistration.v1 import api_pb2 as pb
 from ate_devplugin.api.pluginregistration.v1 import api_pb2_grpc
+from ate_devplugin.observability.logs import clip
 
 log = logging.getLogger(__name__)
 
 PLUGIN_TYPE = "DRAPlugin"
-# The kubelet takes the first entry it knows: the newest first.
-SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+# The kubelet takes the first node service it knows, the newest first, and (1.37) the
+# newest health service listed; 1.35 and 1.36 ignore the health entries (1.36 dials
+# v1alpha1 whatever the list says).
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+REMEMBERED_ERRORS = 16  # distinct refusals already logged, the oldest forgotten first
 
 
 class RegistrationServicer(api_pb2_grpc.RegistrationServicer):
@@ -28,7 +34,8 @@ class RegistrationServicer(api_pb2_grpc.RegistrationServicer):
         self.on_status = on_status
         self.endpoint = endpoint  # the DRA service socket, as the kubelet sees it
         self.registered: bool | None = None  # None until the kubelet told us
-        self.error = ""
+        self.error = ""  # clipped
+        self._logged: dict[str, None] = {}  # the refusals logged, oldest first
 
     async def GetInfo(
         self, request: pb.InfoRequest, context: grpc.aio.ServicerContext[object, object]
@@ -40,12 +47,16 @@ class RegistrationServicer(api_pb2_grpc.RegistrationServicer):
     async def NotifyRegistrationStatus(
         self, request: pb.RegistrationStatus, context: grpc.aio.ServicerContext[object, object]
     ) -> pb.RegistrationStatusResponse:
-        self.registered, self.error = request.plugin_registered, request.error
+        self.registered, self.error = request.plugin_registered, clip(request.error)
         self.on_status(request.plugin_registered)
         if request.plugin_registered:
+            self._logged.clear()
             log.info("registered with the kubelet as a DRA driver", extra={"driver": self.driver})
-        else:
-            log.error("the kubelet refused the DRA driver: %s", request.error, extra={"driver": self.driver})
+        elif self.error not in self._logged:
+            self._logged[self.error] = None
+            if len(self._logged) > REMEMBERED_ERRORS:
+                del self._logged[next(iter(self._logged))]
+            log.error("the kubelet refused the DRA driver: %s", self.error, extra={"driver": self.driver})
         return pb.RegistrationStatusResponse()
 
 

@@ -10,18 +10,32 @@ its mounts and its env. The runtime resolves the name the kubelet passes it (fro
 Files are replaced atomically (a temp file in the same directory, then rename): the
 runtime never reads half a spec. The runtime reads only ``.json`` and ``.yaml`` files, so
 the temp file (``.tmp``) is never taken for a spec.
+
+The specs are state the daemon keeps: the directory is watched, and a spec removed, changed
+by someone else, or lost with its directory (``/var/run/cdi`` is a tmpfs) is written again
+at once. Nothing is written or removed through a symlink (the directory is opened with
+``O_NOFOLLOW`` and every file relative to it), and a file is ours only if it holds what we
+wrote or a spec of our kind: another vendor's file of the same name is left alone, with a
+warning. A write that fails (a read-only or full directory) is counted, makes the daemon
+unready saying why, and is retried with capped backoff: no file event says that a
+directory became writable again (a remount, or space freed elsewhere on its filesystem).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import os
-import tempfile
-from collections.abc import Mapping, Sequence
+import secrets
+import stat
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ate_devplugin.host.watcher import FsEvent, Watches
+from ate_devplugin.tasks import Backoff
 
 if TYPE_CHECKING:
     from ate_devplugin.config import ResourceConfig
@@ -39,6 +53,12 @@ _BASE_VERSION = "0.3.0"
 _MOUNT_TYPE_VERSION = "0.4.0"
 _DOT_IN_CLASS_VERSION = "0.6.0"
 SPEC_MODE = 0o644
+# Our specs are a few KiB; a larger file of our name is read no further than this.
+MAX_SPEC_BYTES = 1024 * 1024
+# Retrying a write that failed: one syscall or two each time, so a short cap costs nothing.
+RETRY_INITIAL_S = 0.1
+RETRY_CAP_S = 5.0
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def device_name(resource_name: str) -> str:
@@ -103,17 +123,33 @@ def spec(resource: ResourceConfig, nodes: Sequence[DeviceNode]) -> dict[str, Any
     }
 
 
+@dataclass(frozen=True)
+class _OnDisk:
+    """A spec file as written: its content and the identity of the file that holds it."""
+
+    content: bytes
+    identity: tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class _NotOursError(Exception):
+    """The name holds something this daemon did not write: it is never replaced or removed."""
+
+
 class CdiSpecs:
-    """Writes and removes the spec files of resources in one CDI directory.
+    """Keeps the spec files of resources in one CDI directory.
 
     As a component, it keeps a spec for every resource that answers Allocate with CDI
     names (for every resource when ``every_resource``: a DRA driver answers with CDI names
-    only), following the devices found, and removes them all when stopped: no runtime may
-    resolve a name nobody serves.
+    only), following the devices found and the directory's events, and removes them all
+    when stopped: no runtime may resolve a name nobody serves.
 
-    Writes only what changed: ``write`` with the same content again touches nothing.
-    Failures are logged and counted (``ate_devplugin_cdi_spec_updates_total``), never
-    raised: the next discovery tries again.
+    :meth:`cdi_ready` tells whether a resource's spec is on disk as written, so that no
+    answer names a CDI device the runtime cannot resolve. Failures are logged (each once
+    while it lasts) and counted (``ate_devplugin_cdi_spec_updates_total``), never raised.
     """
 
     name = "CDI specs"
@@ -122,8 +158,13 @@ class CdiSpecs:
         self.cdi_dir = cdi_dir
         self.metrics = metrics
         self.every_resource = every_resource
-        self._written: dict[str, bytes] = {}  # resource name -> the content on disk
+        self._written: dict[str, _OnDisk] = {}  # resource name -> what this writer put on disk
+        self._wanted: dict[str, bytes] = {}  # resource name -> the content its spec must have
+        self._problems: dict[str, str] = {}  # resource name -> why its spec is not in place
         self._resources: tuple[ResourceConfig, ...] = ()
+        self._stale = True  # the directory may have changed since it was last looked at
+        self._backoff = Backoff(RETRY_INITIAL_S, RETRY_CAP_S)
+        self._retry: asyncio.TimerHandle | None = None
 
     # --- the component --------------------------------------------------------------
 
@@ -131,33 +172,68 @@ class CdiSpecs:
         self._resources = resources
 
     async def stop(self, deadline_s: float) -> list[str]:
+        if self._retry is not None:
+            self._retry.cancel()
+        self._wanted.clear()
         self.remove_all()
         return []
 
     def readiness(self) -> tuple[bool, str]:
+        if self._problems:
+            name = min(self._problems)
+            return False, f"CDI spec of {name} not in place: {self._problems[name]}"
         return True, ""
 
     def liveness(self) -> tuple[bool, str]:
         return True, ""
 
     def watches(self) -> Watches:
-        return Watches()
+        # Watched while it may hold a spec of ours (asked before the first discovery, so by
+        # config): a missing directory is watched through its nearest existing ancestor.
+        needed = self._written or any(self.every_resource or r.uses_cdi for r in self._resources)
+        return Watches(dirs=frozenset({self.cdi_dir})) if needed else Watches()
 
     def on_fs_events(self, batch: Sequence[FsEvent]) -> None:
-        pass
+        d = self.cdi_dir
+        for e in batch:
+            for p in e.paths():
+                if p == d or p.startswith(d + "/") or d.startswith(p + "/"):
+                    self._stale = True  # checked at the discovery that follows every batch
+                    return
 
     async def on_resources(self, resources: tuple[ResourceConfig, ...]) -> None:
         self._resources = resources  # written at the discovery that follows
 
     def on_discovery(self, found: Mapping[str, Discovery]) -> None:
-        wanted = {r.name for r in self._resources if self.every_resource or r.uses_cdi}
-        for resource in self._resources:
-            if resource.name in wanted:
-                self.write(resource, found[resource.name].nodes)
-        for name in self.resources - wanted:  # left the config, or no longer uses CDI
-            self.remove(name)
+        wanted = {}
+        for r in self._resources:
+            nodes = found[r.name].nodes
+            # With no node present there is nothing to name (a CDI device needs edits): no file.
+            if (self.every_resource or r.uses_cdi) and nodes:
+                wanted[r.name] = _encode(spec(r, nodes))
+        if wanted != self._wanted or self._stale:
+            self._wanted = wanted
+            self.sync()
 
-    # --- the files ------------------------------------------------------------------
+    # --- what the answers may name --------------------------------------------------
+
+    def cdi_ready(self, resource_name: str) -> bool:
+        """Whether the resource's spec is on disk as this writer wrote it (one lstat)."""
+        written = self._written.get(resource_name)
+        if written is None or resource_name in self._problems:
+            return False
+        try:
+            return _identity(os.lstat(self.path(resource_name))) == written.identity
+        except OSError:
+            return False
+
+    def cdi_problem(self, resource_name: str) -> str:
+        """Why the resource's spec is not in place ("" when it is)."""
+        if self.cdi_ready(resource_name):
+            return ""
+        return self._problems.get(resource_name) or f"{self.path(resource_name)} is not the spec written"
+
+    # --- keeping the files ------------------------------------------------------------
 
     @property
     def resources(self) -> set[str]:
@@ -167,62 +243,177 @@ class CdiSpecs:
     def path(self, resource_name: str) -> str:
         return os.path.join(self.cdi_dir, spec_file_name(resource_name))
 
+    def sync(self) -> bool:
+        """Every wanted spec in place, every other one of ours removed; False while one is not.
+        A failure is retried with backoff (no event may come to tell it would work now)."""
+        self._stale = False
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        # Every one tried, whatever the others did.
+        results = [self._put(name, content) for name, content in sorted(self._wanted.items())]
+        results += [self._take_away(name) for name in sorted(self._written.keys() - self._wanted.keys())]
+        if self._problems:
+            with contextlib.suppress(RuntimeError):  # no running loop (a direct call): no retry
+                loop = asyncio.get_running_loop()
+                self._retry = loop.call_later(self._backoff.next(), self._retry_now)
+        else:
+            self._backoff.reset()
+        return all(results)
+
+    def _retry_now(self) -> None:
+        self._retry = None
+        self.sync()
+
     def write(self, resource: ResourceConfig, nodes: Sequence[DeviceNode]) -> bool:
-        """Puts the resource's spec in place for these nodes; with no node present there
-        is nothing to name (a CDI device needs edits), so the file goes. False on failure."""
+        """Puts the resource's spec in place for these nodes (no node: its file goes). False on failure."""
         if not nodes:
+            self._wanted.pop(resource.name, None)
             return self.remove(resource.name)
-        content = json.dumps(spec(resource, nodes), indent=2).encode() + b"\n"
-        if self._written.get(resource.name) == content:
-            return True
-        path = self.path(resource.name)
-        try:
-            os.makedirs(self.cdi_dir, mode=0o755, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".ate-devplugin-", suffix=".tmp", dir=self.cdi_dir)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    os.fchmod(f.fileno(), SPEC_MODE)
-                    f.write(content)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.rename(tmp, path)
-            except BaseException:
-                os.unlink(tmp)
-                raise
-        except OSError as exc:
-            self._count(resource.name, "write", "failure")
-            log.error("cannot write the CDI spec %s: %s", path, exc, extra={"resource": resource.name})
-            return False
-        self._written[resource.name] = content
-        self._count(resource.name, "write", "success")
-        log.info(
-            "CDI spec written",
-            extra={"resource": resource.name, "path": path, "nodes": [n.host_path for n in nodes]},
-        )
-        return True
+        self._wanted[resource.name] = content = _encode(spec(resource, nodes))
+        return self._put(resource.name, content)
 
     def remove(self, resource_name: str) -> bool:
         """Removes the resource's spec file, if this writer put one there. False on failure."""
-        if resource_name not in self._written:
-            return True
-        path = self.path(resource_name)
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            self._count(resource_name, "remove", "failure")
-            log.error("cannot remove the CDI spec %s: %s", path, exc, extra={"resource": resource_name})
-            return False
-        del self._written[resource_name]
-        self._count(resource_name, "remove", "success")
-        log.info("CDI spec removed", extra={"resource": resource_name, "path": path})
-        return True
+        self._wanted.pop(resource_name, None)
+        self._problems.pop(resource_name, None)
+        return self._take_away(resource_name)
 
     def remove_all(self) -> bool:
         results = [self.remove(name) for name in sorted(self._written)]
         return all(results)
 
+    def _put(self, name: str, content: bytes) -> bool:
+        path = self.path(name)
+        try:
+            with self._directory(create=True) as dfd:
+                found = _read_ours(dfd, name, content)
+                if found is not None and found[0] == content:
+                    self._written[name] = _OnDisk(content, found[1])
+                    self._resolved(name)
+                    return True
+                if found is not None and name in self._written:
+                    log.warning("CDI spec %s changed by someone else: written again", path, extra={"resource": name})
+                self._written[name] = _OnDisk(content, _replace(dfd, spec_file_name(name), content))
+        except _NotOursError as exc:
+            return self._failed(name, "write", f"{path} holds {exc}, not ours: left alone", logging.WARNING)
+        except OSError as exc:
+            return self._failed(name, "write", f"cannot write {path}: {exc.strerror or exc}")
+        self._resolved(name)
+        self._count(name, "write", "success")
+        log.info("CDI spec written", extra={"resource": name, "path": path})
+        return True
+
+    def _take_away(self, name: str) -> bool:
+        if name not in self._written:
+            return True
+        path = self.path(name)
+        try:
+            with self._directory(create=False) as dfd:
+                if _read_ours(dfd, name, self._written[name].content) is not None:
+                    os.unlink(spec_file_name(name), dir_fd=dfd)
+        except FileNotFoundError:
+            pass
+        except _NotOursError as exc:
+            self._count(name, "remove", "failure")
+            log.warning("CDI spec %s not removed: it holds %s, not ours", path, exc, extra={"resource": name})
+            return False
+        except OSError as exc:
+            self._count(name, "remove", "failure")
+            log.error("cannot remove the CDI spec %s: %s", path, exc.strerror or exc, extra={"resource": name})
+            return False
+        del self._written[name]
+        self._count(name, "remove", "success")
+        log.info("CDI spec removed", extra={"resource": name, "path": path})
+        return True
+
+    @contextlib.contextmanager
+    def _directory(self, create: bool) -> Iterator[int]:
+        """The CDI directory, opened without following a symlink (made first if ``create``)."""
+        try:
+            dfd = os.open(self.cdi_dir, _DIR_FLAGS)
+        except FileNotFoundError:
+            if not create:
+                raise
+            os.makedirs(os.path.dirname(self.cdi_dir), mode=0o755, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(self.cdi_dir, 0o755)
+            dfd = os.open(self.cdi_dir, _DIR_FLAGS)
+        except OSError as exc:
+            if os.path.islink(self.cdi_dir):
+                raise _NotOursError("a symlink in place of the directory") from exc
+            raise
+        try:
+            yield dfd
+        finally:
+            os.close(dfd)
+
+    def _resolved(self, name: str) -> None:
+        if self._problems.pop(name, None) is not None:
+            log.info("CDI spec in place again", extra={"resource": name, "path": self.path(name)})
+
+    def _failed(self, name: str, action: str, why: str, level: int = logging.ERROR) -> bool:
+        self._count(name, action, "failure")
+        if self._problems.get(name) != why:  # the same failure again and again is logged once
+            log.log(level, "CDI spec not in place: %s", why, extra={"resource": name})
+        self._problems[name] = why
+        return False
+
     def _count(self, resource_name: str, action: str, result: str) -> None:
         if self.metrics is not None:
             self.metrics.cdi_spec_updates.labels(resource_name, action, result).inc()
+
+
+def _encode(document: dict[str, Any]) -> bytes:
+    return json.dumps(document, indent=2).encode() + b"\n"
+
+
+def _read_ours(dfd: int, name: str, ours: bytes) -> tuple[bytes, tuple[int, int, int, int]] | None:
+    """The content and identity of the resource's spec file if it is ours (what we wrote,
+    or a spec of the resource's kind: left by an earlier run, or changed by someone else);
+    None when there is none. Raises _NotOursError for anything else, saying what it is."""
+    try:
+        fd = os.open(spec_file_name(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        st = os.stat(spec_file_name(name), dir_fd=dfd, follow_symlinks=False)
+        raise _NotOursError("a symlink" if stat.S_ISLNK(st.st_mode) else "something unreadable") from exc
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _NotOursError("something other than a file")
+        content = f.read(MAX_SPEC_BYTES + 1)
+    if content == ours:
+        return content, _identity(st)
+    try:
+        kind = json.loads(content).get("kind")
+    except (ValueError, AttributeError):
+        kind = None
+    if kind != name:
+        raise _NotOursError(f"a spec of kind {str(kind)[:80]!r}" if kind is not None else "no CDI spec of ours")
+    return content, _identity(st)
+
+
+def _replace(dfd: int, file_name: str, content: bytes) -> tuple[int, int, int, int]:
+    """Writes ``content`` to a temp file in the directory and renames it over ``file_name``;
+    the identity of the file written."""
+    tmp = f".ate-devplugin-{secrets.token_hex(4)}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, SPEC_MODE, dir_fd=dfd)
+    try:
+        try:
+            os.fchmod(fd, SPEC_MODE)  # whatever the umask
+            view = memoryview(content)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+            identity = _identity(os.fstat(fd))
+        finally:
+            os.close(fd)
+        os.rename(tmp, file_name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dfd)
+        raise
+    return identity

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import grpc
 
@@ -49,20 +49,26 @@ def socket_identity(path: str) -> SocketId | None:
 
 class UnixServer:
     """A gRPC server on one unix socket; ``start`` again after ``stop`` makes a new one.
-    ``add_services`` adds the services to each server made (a generated ``add_*_to_server``)."""
+    ``add_services`` adds the services to each server made (a generated ``add_*_to_server``);
+    ``options`` are its gRPC channel arguments (a receive limit, say)."""
 
     def __init__(
-        self, socket_path: str, add_services: Callable[[grpc.aio.Server], None], stop_margin: float = 0.5
+        self,
+        socket_path: str,
+        add_services: Callable[[grpc.aio.Server], None],
+        stop_margin: float = 0.5,
+        options: Sequence[tuple[str, int]] = (),
     ) -> None:
         self.socket_path = socket_path
         self.add_services = add_services
         self.stop_margin = stop_margin
+        self.options = tuple(options)
         self._server: grpc.aio.Server | None = None
         self._identity: SocketId | None = None
 
     async def start(self) -> None:
         """Raises ServeError, naming the socket and why."""
-        server = grpc.aio.server()
+        server = grpc.aio.server(options=self.options)
         self.add_services(server)
         try:
             _bind(server, self.socket_path)

@@ -12,6 +12,22 @@ from typing import Any
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
 
 
+# What of an error string from a peer (the kubelet, the API server) goes into a log line or a probe.
+MAX_REASON = 512
+
+
+def clip(text: str, limit: int = MAX_REASON) -> str:
+    """``text`` cut to ``limit`` characters, saying how much more there was."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def reason(exc: BaseException) -> str:
+    """What went wrong, never empty (some exceptions have no message): clipped."""
+    return clip(str(exc) or type(exc).__name__)
+
+
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
     return {k: v for k, v in vars(record).items() if k not in _STANDARD}
 
@@ -50,6 +66,6 @@ def setup_logging(fmt: str, level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # gRPC and watchdog chatter at info is not ours to report.
-    for noisy in ("watchdog", "grpc"):
+    # gRPC, watchdog and HTTP client chatter at info (a line per request) is not ours to report.
+    for noisy in ("watchdog", "grpc", "httpx2", "httpcore2"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -198,6 +198,19 @@ class DraMetrics:
             ["op", "result"],
             registry=r,
         )
+        self.sharing = Gauge(
+            f"{PREFIX}_dra_sharing",
+            "1 for the sharing model in use: capacity (a shareable device per resource, plus slots) or slots "
+            "(slots only: configured so, or the API server dropped allowMultipleAllocations).",
+            ["model"],
+            registry=r,
+        )
+        self.health_streams = Gauge(
+            f"{PREFIX}_dra_health_streams",
+            "Device health streams the kubelet holds open (NodeWatchResources), by service version.",
+            ["version"],
+            registry=r,
+        )
         self.slices_in_sync = Gauge(
             f"{PREFIX}_dra_slices_in_sync",
             "1 while the published ResourceSlices match the node's devices, 0 while a write is failing.",
@@ -245,6 +258,11 @@ class PodResourcesMetrics:
         self.series_dropped = Gauge(
             f"{PREFIX}_pod_units_series_dropped",
             "Containers holding units that have no pod_units series: over the bound.",
+            registry=r,
+        )
+        self.labels_truncated = Gauge(
+            f"{PREFIX}_pod_units_labels_truncated",
+            "Containers of the last List whose namespace, pod or container name was cut to the Kubernetes limit.",
             registry=r,
         )
         self.requests = Counter(

@@ -6,7 +6,15 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[3]
 GENERATED = ROOT / "app/ate_devplugin/api"
-PACKAGES = ("deviceplugin/v1beta1", "pluginregistration/v1", "dra/v1", "dra/v1beta1", "podresources/v1")
+PACKAGES = (
+    "deviceplugin/v1beta1",
+    "pluginregistration/v1",
+    "dra/v1",
+    "dra/v1beta1",
+    "drahealth/v1",
+    "drahealth/v1alpha1",
+    "podresources/v1",
+)
 
 
 def test_generated_code_matches_proto(tmp_path: Path) -> None:
@@ -75,6 +83,32 @@ def test_dra_wire_names_are_the_kubelets() -> None:
     device = {"request_names": 1, "pool_name": 2, "device_name": 3, "cdi_device_ids": 4}
     assert {f.name: f.number for f in v1beta1.Device.DESCRIPTOR.fields} == device
     assert {f.name: f.number for f in v1.Device.DESCRIPTOR.fields} == {**device, "share_id": 5}
+
+
+def test_dra_health_wire_names_are_the_kubelets() -> None:
+    from ate_devplugin.api.drahealth.v1 import api_pb2 as v1
+    from ate_devplugin.api.drahealth.v1alpha1 import api_pb2 as v1alpha1
+
+    for pb, version in ((v1, "v1"), (v1alpha1, "v1alpha1")):
+        assert pb.DESCRIPTOR.package == version
+        (service,) = pb.DESCRIPTOR.services_by_name.values()
+        assert service.full_name == f"{version}.DRAResourceHealth"
+        [method] = service.methods
+        assert (method.name, method.server_streaming) == ("NodeWatchResources", True)
+        assert {v.name: v.number for v in pb.HealthStatus.DESCRIPTOR.values} == {
+            "UNKNOWN": 0,
+            "HEALTHY": 1,
+            "UNHEALTHY": 2,
+        }
+        assert {f.name: f.number for f in pb.DeviceIdentifier.DESCRIPTOR.fields} == {"pool_name": 1, "device_name": 2}
+        assert {f.name: f.number for f in pb.DeviceHealth.DESCRIPTOR.fields} == {
+            "device": 1,
+            "health": 2,
+            "last_updated_time": 3,
+            "health_check_timeout_seconds": 4,
+            "message": 5,
+        }
+        assert {f.name: f.number for f in pb.NodeWatchResourcesResponse.DESCRIPTOR.fields} == {"devices": 1}
 
 
 def test_pod_resources_wire_names_are_the_kubelets() -> None:

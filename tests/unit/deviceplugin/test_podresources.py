@@ -11,6 +11,8 @@ from typing import Any
 
 import grpc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry import context
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -345,3 +347,60 @@ def test_what_asks_for_a_pod_resources_list(why: str, batch: list[FsEvent], asks
 
 def test_pods_not_read_by_the_device_plugin_no_checkpoint_events() -> None:
     assert not asks_for_list([fs("moved", f"{D}/.tmp", CHECKPOINT)], None, POD_SOCKET)
+
+
+def _reference(response: pb.ListPodResourcesResponse, resources: set[str]) -> dict[podresources.Key, int]:
+    """What the answer says, read from protobuf's own parse of it."""
+    held: dict[podresources.Key, int] = {}
+    for p in pb.ListPodResourcesResponse.FromString(response.SerializeToString()).pod_resources:
+        for c in p.containers:
+            for d in c.devices:
+                if d.resource_name in resources and d.device_ids:
+                    key = (d.resource_name, p.namespace, p.name, c.name)
+                    held[key] = held.get(key, 0) + len(d.device_ids)
+    return held
+
+
+names = st.text(st.characters(codec="utf-8"), max_size=8)
+
+
+@st.composite
+def answers(draw: st.DrawFn) -> pb.ListPodResourcesResponse:
+    response = pb.ListPodResourcesResponse()
+    for _ in range(draw(st.integers(0, 4))):
+        p = response.pod_resources.add(name=draw(names), namespace=draw(names))
+        for _ in range(draw(st.integers(0, 3))):
+            c = p.containers.add(name=draw(names), cpu_ids=draw(st.lists(st.integers(-(2**63), 2**63 - 1))))
+            c.memory.add(memory_type="memory", size=draw(st.integers(0, 2**64 - 1)))
+            for _ in range(draw(st.integers(0, 3))):
+                d = c.devices.add(resource_name=draw(st.sampled_from([KVM, TUN, "nvidia.com/gpu", ""])))
+                d.device_ids.extend(draw(st.lists(names, max_size=3)))
+                d.topology.nodes.add(ID=draw(st.integers(0, 2**63 - 1)))
+    return response
+
+
+@given(answers())
+@settings(max_examples=300, deadline=None)
+def test_the_wire_walk_reads_what_protobuf_reads(response: pb.ListPodResourcesResponse) -> None:
+    assert holdings(response.SerializeToString(), {KVM, TUN}) == _reference(response, {KVM, TUN})
+
+
+def test_an_answer_cut_short_or_not_utf8_is_undecodable() -> None:
+    data = pb.ListPodResourcesResponse(pod_resources=[pod("vm", "a", ("vmm", KVM, 2))]).SerializeToString()
+    for cut in range(1, len(data)):
+        with pytest.raises(podresources.DecodeError):
+            podresources.read_holdings(data[:cut], {KVM})
+    not_utf8 = data.replace(b"vmm", b"\xff\xfe\xfd")
+    with pytest.raises(podresources.DecodeError):
+        podresources.read_holdings(not_utf8, {KVM})
+
+
+def test_names_are_cut_to_the_kubernetes_limits_and_entries_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    long_pod = pod("n" * 100, "p" * 300, ("c" * 100, KVM, 1))
+    found = podresources.read_holdings(pb.ListPodResourcesResponse(pod_resources=[long_pod]).SerializeToString(), {KVM})
+    assert found.held == {(KVM, "n" * 63, "p" * 253, "c" * 63): 1}
+    assert found.truncated == 1
+    monkeypatch.setattr(podresources, "MAX_HELD", 2)
+    many = pb.ListPodResourcesResponse(pod_resources=[pod("vm", f"p{i}", ("vmm", KVM, 1)) for i in range(5)])
+    found = podresources.read_holdings(many.SerializeToString(), {KVM})
+    assert (len(found.held), found.dropped) == (2, 3)

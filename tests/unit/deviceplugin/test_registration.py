@@ -9,7 +9,8 @@ from opentelemetry.trace import NoOpTracerProvider
 
 from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
 from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2_grpc
-from ate_devplugin.deviceplugin.registration import Backoff, RegistrationError, register
+from ate_devplugin.deviceplugin.registration import RegistrationError, register
+from ate_devplugin.tasks import Backoff
 
 
 def test_backoff_grows_jittered_and_caps() -> None:

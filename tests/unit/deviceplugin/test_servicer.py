@@ -15,7 +15,7 @@ from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2_grpc
 from ate_devplugin.config import MountConfig, ResourceConfig
 from ate_devplugin.deviceplugin.inventory import ResourceState
 from ate_devplugin.deviceplugin.server import plugin_server
-from ate_devplugin.deviceplugin.servicer import DevicePluginServicer, plugin_options
+from ate_devplugin.deviceplugin.servicer import DevicePluginServicer, max_request_bytes, plugin_options
 from ate_devplugin.host.devices import DeviceNode, Discovery
 from ate_devplugin.observability.metrics import Metrics
 
@@ -108,9 +108,9 @@ async def test_allocate_answers_each_container_request(plugin: Plugin) -> None:
         (pb.AllocateRequest(), grpc.StatusCode.INVALID_ARGUMENT, "no container requests"),
         (allocate(*[f"x-{n}" for n in range(5)]), grpc.StatusCode.INVALID_ARGUMENT, "5 device ID(s)"),
         (
-            allocate(*[f"x-{n}" for n in range(100_000)]),
+            allocate(*[f"x-{n}" for n in range(9)]),
             grpc.StatusCode.INVALID_ARGUMENT,
-            "100000 device IDs, more than the 8 units",
+            "9 device IDs, more than the 8 units",
         ),
         (
             pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["kvm-0"])] * 65),
@@ -128,6 +128,39 @@ async def test_bad_allocate_gets_status_and_service_goes_on(
     assert words in (info.value.details() or "")
     assert plugin.count("ate_devplugin_allocate_requests_total", code=code.name) == 1
     assert (await plugin.stub.Allocate(allocate("kvm-0"))).container_responses
+
+
+async def test_a_request_larger_than_the_kubelet_can_send_is_refused_unread(plugin: Plugin) -> None:
+    """The largest request the kubelet can send this resource (one container, every unit
+    ID at most twice) passes; one byte more than the bound is refused by gRPC itself."""
+    bound = max_request_bytes(RESOURCE)
+    every_unit = [f"kvm-{n}" for n in range(RESOURCE.units)]
+    largest = pb.PreferredAllocationRequest(
+        container_requests=[
+            pb.ContainerPreferredAllocationRequest(
+                available_deviceIDs=every_unit, must_include_deviceIDs=every_unit, allocation_size=2**31 - 1
+            )
+        ]
+    )
+    assert largest.ByteSize() <= bound
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await plugin.stub.GetPreferredAllocation(largest)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # decoded and answered
+    padding = "k" * (bound - allocate("kvm-0").ByteSize())
+    too_large = allocate("kvm-0", padding)
+    assert too_large.ByteSize() > bound
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await plugin.stub.Allocate(too_large)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert (await plugin.stub.Allocate(allocate("kvm-0"))).container_responses
+
+
+def test_the_request_bound_follows_units_and_name_length() -> None:
+    """About 20 bytes a unit ID (twice in GetPreferredAllocation), never over 4 MiB."""
+    default = max_request_bytes(replace(RESOURCE, units=4096))
+    assert 70_000 < default < 90_000
+    assert max_request_bytes(replace(RESOURCE, units=8192)) > 2 * default - 2048
+    assert max_request_bytes(replace(RESOURCE, name="ate.dev/" + "k" * 63, units=50_000)) == 4 * 1024 * 1024
 
 
 async def test_allocate_while_devices_absent_fails_precondition(plugin: Plugin) -> None:
@@ -238,3 +271,35 @@ async def test_allocate_names_the_cdi_device_when_the_resource_uses_cdi(tmp_path
 async def test_allocate_with_device_specs_names_no_cdi_device(plugin: Plugin) -> None:
     (container,) = (await plugin.stub.Allocate(allocate("kvm-0"))).container_responses
     assert list(container.cdi_devices) == []
+
+
+@pytest.mark.parametrize("allocate_with", ["cdi", "both"])
+async def test_allocate_never_names_a_cdi_device_whose_spec_is_not_on_disk(tmp_path: Path, allocate_with: str) -> None:
+    """'cdi': FAILED_PRECONDITION saying why (the name is all the answer would hold);
+    'both': the device specs only; and the name again once the spec is back."""
+    state = ResourceState(replace(RESOURCE, allocate=allocate_with))
+    state.update(PRESENT)
+    problem = ["/var/run/cdi/ate.dev-kvm.json: Read-only file system"]
+    servicer = DevicePluginServicer(
+        state, Metrics(CollectorRegistry()), NoOpTracerProvider().get_tracer("t"), lambda _: problem[0]
+    )
+    server = plugin_server(str(tmp_path / "p.sock"), servicer)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{tmp_path}/p.sock") as channel:
+            stub = api_pb2_grpc.DevicePluginStub(channel)  # type: ignore[no-untyped-call]
+            if allocate_with == "cdi":
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await stub.Allocate(allocate("kvm-0"))
+                assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+                assert "Read-only file system" in (info.value.details() or "")
+            else:
+                (container,) = (await stub.Allocate(allocate("kvm-0"))).container_responses
+                assert list(container.cdi_devices) == []
+                assert [d.host_path for d in container.devices] == ["/dev/kvm"]
+            problem[0] = ""
+            (container,) = (await stub.Allocate(allocate("kvm-0"))).container_responses
+            assert [d.name for d in container.cdi_devices] == ["ate.dev/kvm=kvm"]
+    finally:
+        state.close()
+        await server.stop(0)

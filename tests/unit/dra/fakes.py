@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from ate_devplugin.dra.service import ClaimNotFoundError
+
+MAX_INT64 = 2**63 - 1
 
 
 class FakeApi:
@@ -16,12 +18,21 @@ class FakeApi:
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self.slices: dict[str, dict[str, Any]] = {}
         self.fail_writes = 0  # the next N writes fail
+        self.consumable_capacity = True  # False: drops what DRAConsumableCapacity adds, as 1.35 does
         self.claim_error: Exception | None = None
         self.writes: list[str] = []
+        self.lists = 0
+        self.claim_reads = 0
+        self.calls_cancelled = 0
+        self.watches = 0
+        self.watch_ends = False  # every watch ends at once, without an event
+        self.page = 100
+        self.list_gate: asyncio.Event | None = None  # lists are answered once it is set
+        self.hang = False  # every call waits for ever, as an API server that accepts and never answers
         self.closed = False
         self._versions = itertools.count(1)
         self._names = itertools.count()
-        self._watchers: list[asyncio.Queue[tuple[str, dict[str, Any]]]] = []
+        self._watchers: list[asyncio.Queue[tuple[str, dict[str, Any]] | None]] = []
 
     # --- claims and nodes ---
 
@@ -33,6 +44,8 @@ class FakeApi:
         }
 
     async def get_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
+        self.claim_reads += 1
+        await self._maybe_hang()
         if self.claim_error is not None:
             raise self.claim_error
         try:
@@ -43,38 +56,83 @@ class FakeApi:
     async def node_uid(self, node: str) -> str:
         return f"uid-of-{node}"
 
+    async def _maybe_hang(self) -> None:
+        if self.hang:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.calls_cancelled += 1
+                raise
+
     async def close(self) -> None:
         self.closed = True
 
     # --- slices ---
 
-    async def list_slices(self, driver: str, node: str) -> tuple[list[dict[str, Any]], str]:
-        return [copy.deepcopy(s) for s in self.slices.values()], str(next(self._versions))
+    async def list_slices(self, driver: str, node: str) -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
+        """Pages of ``page`` slices, as the API server answers a list with a limit."""
+        self.lists += 1
+        await self._maybe_hang()
+        version = str(next(self._versions))
+        items = [copy.deepcopy(s) for s in self.slices.values()]  # the snapshot is taken when asked ...
+        if self.list_gate is not None:
+            await self.list_gate.wait()  # ... the answer arrives when the gate opens
+        for i in range(0, max(1, len(items)), self.page):
+            yield items[i : i + self.page], version
 
     async def watch_slices(
         self, driver: str, node: str, resource_version: str
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+        self.watches += 1
+        if self.watch_ends:
+            return
+        queue: asyncio.Queue[tuple[str, dict[str, Any]] | None] = asyncio.Queue()
         self._watchers.append(queue)
         try:
-            while True:
-                yield await queue.get()
+            while (event := await queue.get()) is not None:
+                yield event
         finally:
             self._watchers.remove(queue)
+
+    def end_watches(self) -> None:
+        """The server ends every watch (a timeout, a restart)."""
+        for queue in self._watchers:
+            queue.put_nowait(None)
 
     def _notify(self, kind: str, item: dict[str, Any]) -> None:
         for queue in self._watchers:
             queue.put_nowait((kind, copy.deepcopy(item)))
 
-    def _write(self, op: str) -> None:
+    def _write(self, op: str, body: dict[str, Any] | None = None) -> None:
         self.writes.append(op)
         if self.fail_writes:
             self.fail_writes -= 1
             raise RuntimeError(f"{op} refused")
+        if body is not None and not 0 <= body["spec"]["pool"]["generation"] <= MAX_INT64:
+            raise RuntimeError("spec.pool.generation: Invalid value")  # as the API server validates it
+
+    def add_slice(self, name: str, pool: str, generation: int, devices: Sequence[str] = ()) -> None:
+        """A slice of the driver on the node that another client wrote."""
+        item = {
+            "metadata": {"name": name, "resourceVersion": str(next(self._versions))},
+            "spec": {"pool": {"name": pool, "generation": generation, "resourceSliceCount": 1},
+                     "devices": [{"name": d} for d in devices]},
+        }  # fmt: skip
+        self.slices[name] = item
+        self._notify("ADDED", item)
+
+    def _stored(self, body: dict[str, Any]) -> dict[str, Any]:
+        item = copy.deepcopy(body)
+        if not self.consumable_capacity:
+            for device in item["spec"].get("devices") or []:
+                device.pop("allowMultipleAllocations", None)
+                for capacity in (device.get("capacity") or {}).values():
+                    capacity.pop("requestPolicy", None)
+        return item
 
     async def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
-        self._write("create")
-        item = copy.deepcopy(body)
+        self._write("create", body)
+        item = self._stored(body)
         name = item["metadata"].pop("generateName") + str(next(self._names))
         item["metadata"].update(name=name, resourceVersion=str(next(self._versions)))
         self.slices[name] = item
@@ -82,17 +140,18 @@ class FakeApi:
         return copy.deepcopy(item)
 
     async def replace_slice(self, body: dict[str, Any]) -> dict[str, Any]:
-        self._write("update")
+        self._write("update", body)
         name = body["metadata"]["name"]
         if self.slices[name]["metadata"]["resourceVersion"] != body["metadata"]["resourceVersion"]:
             raise RuntimeError("conflict")
-        item = copy.deepcopy(body)
+        item = self._stored(body)
         item["metadata"]["resourceVersion"] = str(next(self._versions))
         self.slices[name] = item
         self._notify("MODIFIED", item)
         return copy.deepcopy(item)
 
     async def delete_slice(self, name: str) -> None:
+        await self._maybe_hang()
         self._write("delete")
         item = self.slices.pop(name, None)
         if item is not None:

@@ -1,7 +1,9 @@
-"""The DRA driver: registration and node service over real gRPC sockets, slices on a fake API server."""
+"""The DRA driver: registration, node service and device health over real gRPC sockets,
+slices on a fake API server."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 from typing import Any
@@ -18,9 +20,12 @@ from ate_devplugin.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from ate_devplugin.api.pluginregistration.v1 import api_pb2 as reg
 from ate_devplugin.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from ate_devplugin.config import DEFAULT_RESOURCES
+from ate_devplugin.dra import service
+from ate_devplugin.dra.kube import ApiError
 from ate_devplugin.dra.plugin import DraPlugin
-from ate_devplugin.dra.service import ClaimRef
+from ate_devplugin.dra.service import MAX_CLAIMS_PER_CALL, ClaimRef
 from ate_devplugin.host.devices import DeviceNode, Discovery
+from ate_devplugin.observability.logs import MAX_REASON
 from ate_devplugin.observability.metrics import DraMetrics
 from ate_devplugin.settings import DRA_DRIVER, Settings, resolve
 from ate_devplugin.tasks import Guard
@@ -52,12 +57,25 @@ def dra_settings(tmp_path: Path, **flags: str) -> Settings:
     )
 
 
+SLOTS = [f"ate-dev-kvm-{i}" for i in range(4)]
+SHARED = "ate-dev-kvm"
+
+
 class Rig:
-    def __init__(self, tmp_path: Path, **flags: str) -> None:
+    def __init__(self, tmp_path: Path, consumable_capacity: bool = True, **flags: str) -> None:
         self.settings = dra_settings(tmp_path, **flags)
         self.api = FakeApi()
         self.registry = CollectorRegistry()
-        self.plugin = DraPlugin(self.settings.for_dra(), self.api, cdi_id, DraMetrics(self.registry), NoOpTracer())
+        self.cdi_problems: dict[str, str] = {}  # resource -> why its CDI spec is not on disk
+        self.plugin = DraPlugin(
+            self.settings.for_dra(),
+            self.api,
+            cdi_id,
+            DraMetrics(self.registry),
+            NoOpTracer(),
+            lambda resource: self.cdi_problems.get(resource, ""),
+        )
+        self.api.consumable_capacity = consumable_capacity
         self.deaths: list[str] = []
         self.guard = Guard(lambda name, error: self.deaths.append(name))
 
@@ -82,11 +100,14 @@ async def rig(tmp_path: Path) -> Any:
         await rig.plugin.stop(2.0)
 
 
-def allocated(*devices: str, request: str = "kvm", pool: str = NODE, driver: str = DRA_DRIVER) -> list[dict[str, Any]]:
-    return [{"request": request, "driver": driver, "pool": pool, "device": d} for d in devices]
+def allocated(
+    *devices: str, request: str = "kvm", pool: str = NODE, driver: str = DRA_DRIVER, share: str = ""
+) -> list[dict[str, Any]]:
+    results = [{"request": request, "driver": driver, "pool": pool, "device": d} for d in devices]
+    return [{**r, "shareID": share} if share else r for r in results]
 
 
-async def test_registration_tells_the_kubelet_the_driver_and_both_versions(rig: Rig) -> None:
+async def test_registration_tells_the_kubelet_the_driver_and_every_version(rig: Rig) -> None:
     sock = rig.settings.registration_socket
     assert sock.endswith(f"plugins_registry/{DRA_DRIVER}-reg.sock")
     assert os.stat(sock).st_mode & 0o777 == 0o600
@@ -94,7 +115,12 @@ async def test_registration_tells_the_kubelet_the_driver_and_both_versions(rig: 
         stub = reg_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
         info = await stub.GetInfo(reg.InfoRequest())
         assert (info.type, info.name, info.endpoint) == ("DRAPlugin", DRA_DRIVER, rig.settings.dra_socket)
-        assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+        assert list(info.supported_versions) == [
+            "v1.DRAPlugin",
+            "v1beta1.DRAPlugin",
+            "v1.DRAResourceHealth",
+            "v1alpha1.DRAResourceHealth",
+        ]
         assert rig.plugin.readiness() == (False, "DRA driver not registered with the kubelet")
         await stub.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=False, error="bad name"))
         assert rig.plugin.readiness() == (False, "DRA driver not registered with the kubelet: bad name")
@@ -172,9 +198,13 @@ async def test_slices_carry_the_slots_the_owner_and_the_pool(rig: Rig) -> None:
         NODE,
         {"name": NODE, "generation": 1, "resourceSliceCount": 1},
     )
-    assert [d["name"] for d in spec["devices"]] == [f"ate-dev-kvm-{i}" for i in range(4)]
-    assert spec["devices"][0]["attributes"] == {"resource": {"string": "ate.dev/kvm"}}
-    assert rig.sample("ate_devplugin_dra_slice_devices", resource_name="ate.dev/kvm") == 4
+    assert [d["name"] for d in spec["devices"]] == [SHARED, *SLOTS]
+    assert spec["devices"][0]["allowMultipleAllocations"] is True
+    assert spec["devices"][0]["capacity"]["shares"]["value"] == str(KVM.units)
+    assert spec["devices"][1] == {"name": SLOTS[0], "attributes": {"resource": {"string": "ate.dev/kvm"}}}
+    assert rig.sample("ate_devplugin_dra_slice_devices", resource_name="ate.dev/kvm") == 5
+    assert rig.sample("ate_devplugin_dra_sharing", model="capacity") == 1
+    assert rig.sample("ate_devplugin_dra_sharing", model="slots") == 0
     assert rig.sample("ate_devplugin_dra_slices_in_sync") == 1
 
 
@@ -184,10 +214,10 @@ async def test_slices_follow_device_health_and_come_back_after_a_wipe(rig: Rig) 
     [item] = rig.api.slices.values()  # an empty pool is still published
     assert item["spec"]["pool"]["generation"] == 2
     rig.plugin.on_discovery(PRESENT)
-    await until(lambda: len(rig.api.devices()) == 4, "slots back")
+    await until(lambda: len(rig.api.devices()) == 5, "devices back")
     writes = len(rig.api.writes)
     rig.api.wipe()  # the kubelet started
-    await until(lambda: len(rig.api.devices()) == 4, "slices written again")
+    await until(lambda: len(rig.api.devices()) == 5, "slices written again")
     assert rig.api.writes[writes:] == ["create"]
     [item] = rig.api.slices.values()
     assert item["spec"]["pool"]["generation"] == 4
@@ -200,9 +230,9 @@ async def test_many_slots_take_several_slices_and_failed_writes_are_retried(tmp_
     await rig.start()
     try:
         rig.plugin.on_discovery(PRESENT)
-        await until(lambda: len(rig.api.devices()) == 300, "three slices")
+        await until(lambda: len(rig.api.devices()) == 301, "three slices")
         counts = sorted(len(s["spec"]["devices"]) for s in rig.api.slices.values())
-        assert counts == [44, 128, 128]
+        assert counts == [45, 128, 128]
         assert {s["spec"]["pool"]["resourceSliceCount"] for s in rig.api.slices.values()} == {3}
         assert rig.sample("ate_devplugin_dra_slice_writes_total", op="create", result="failure") == 2
         rig.plugin.on_discovery(ABSENT)
@@ -232,3 +262,178 @@ async def test_a_stale_socket_is_replaced(tmp_path: Path) -> None:
         assert list(response.claims) == ["u"]
     finally:
         await rig.plugin.stop(2.0)
+
+
+# --- bounds: what a call may hold, reasons never empty, names, the kubelet's error ---
+
+
+async def test_a_call_with_too_many_claims_reads_the_first_and_refuses_each_of_the_rest(rig: Rig) -> None:
+    count = MAX_CLAIMS_PER_CALL + 50
+    for i in range(count):
+        rig.api.add_claim("ns", f"c{i}", f"u{i}", allocated("ate-dev-kvm-0"))
+    claims = [v1.Claim(namespace="ns", uid=f"u{i}", name=f"c{i}") for i in range(count)]
+    async with rig.channel(rig.settings.dra_socket) as channel:
+        response = await v1_grpc.DRAPluginStub(channel).NodePrepareResources(  # type: ignore[no-untyped-call]
+            v1.NodePrepareResourcesRequest(claims=claims)
+        )
+    errors = [response.claims[f"u{i}"].error for i in range(count)]
+    assert errors[:MAX_CLAIMS_PER_CALL] == [""] * MAX_CLAIMS_PER_CALL
+    assert set(errors[MAX_CLAIMS_PER_CALL:]) == {
+        f"more than {MAX_CLAIMS_PER_CALL} claims in one call; this one is not read"
+    }
+    assert rig.api.claim_reads == MAX_CLAIMS_PER_CALL
+
+
+@pytest.mark.parametrize("error", [TimeoutError(), RuntimeError(""), ApiError(0, "GET x: no answer within 5s")])
+async def test_every_failure_has_a_reason(rig: Rig, error: Exception) -> None:
+    rig.api.add_claim("ns", "ok", "u-ok", allocated("ate-dev-kvm-1"))
+    rig.api.claim_error = error
+    [result] = (await rig.plugin.driver.prepare([ClaimRef("ns", "u-ok", "ok")])).values()
+    assert result.error.startswith("cannot read claim ns/ok: ")
+    assert result.error.removeprefix("cannot read claim ns/ok: ") == (str(error) or type(error).__name__)
+
+
+async def test_claims_not_read_within_the_budget_fail_saying_so(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(service, "PREPARE_BUDGET_S", 0.05)
+    rig.api.add_claim("ns", "slow", "u-s", allocated("ate-dev-kvm-1"))
+    rig.api.hang = True
+    [result] = (await rig.plugin.driver.prepare([ClaimRef("ns", "u-s", "slow")])).values()
+    assert result.error == "claim ns/slow not read within 0.05s"
+    assert rig.sample("ate_devplugin_dra_claims_total", method="NodePrepareResources", result="error") == 1
+    rig.api.hang = False
+
+
+async def test_no_claim_read_outlives_a_call_the_kubelet_gave_up_on(rig: Rig) -> None:
+    rig.api.hang = True
+    call = asyncio.ensure_future(rig.plugin.driver.prepare([ClaimRef("ns", f"u{i}", f"c{i}") for i in range(3)]))
+    await until(lambda: rig.api.claim_reads == 3, "the reads under way")
+    call.cancel()
+    await until(lambda: rig.api.calls_cancelled == 3, "the reads cancelled with the call")
+    rig.api.hang = False
+
+
+async def test_a_bad_claim_name_fails_alone_and_is_never_asked_for(rig: Rig) -> None:
+    rig.api.add_claim("ns", "ok", "u-ok", allocated("ate-dev-kvm-1"))
+    refs = [ClaimRef("ns", "u1", "../../api/v1/x"), ClaimRef("a/b", "u2", "c"), ClaimRef("ns", "u-ok", "ok")]
+    results = await rig.plugin.driver.prepare(refs)
+    assert results["u1"].error == (
+        "claim ns/../../api/v1/x: claim name '../../api/v1/x' is not a valid object name (DNS-1123 subdomain)"
+    )
+    assert results["u2"].error == "claim a/b/c: namespace 'a/b' is not a valid namespace (DNS-1123 label)"
+    assert results["u-ok"].error == ""
+    assert rig.api.claim_reads == 1
+
+
+async def test_a_huge_registration_error_is_clipped_and_logged_once(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    huge = "e" * (1 << 20)
+    async with rig.channel(rig.settings.registration_socket) as channel:
+        stub = reg_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
+        for error in (huge, huge, huge, "other", huge):
+            await stub.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=False, error=error))
+    ready, why = rig.plugin.readiness()
+    assert not ready
+    assert why.startswith("DRA driver not registered with the kubelet: eee")
+    assert len(why) < MAX_REASON + 100
+    refusals = [r.getMessage() for r in caplog.records if "refused the DRA driver" in r.getMessage()]
+    assert len(refusals) == 2  # the huge one once, "other" once
+    assert max(len(line) for line in refusals) < MAX_REASON + 100
+
+
+async def test_stop_is_bounded_when_the_api_server_does_not_answer(rig: Rig) -> None:
+    rig.api.hang = True
+    await rig.plugin.stop(3.0)  # returns: the slices are the kubelet's to delete now
+    assert not os.path.exists(rig.settings.dra_socket)
+    assert rig.api.closed
+
+
+@pytest.mark.parametrize(("pb", "grpc_mod"), [(v1, v1_grpc), (v1beta1, v1beta1_grpc)])
+async def test_prepare_answers_a_share_with_its_share_id_and_each_request_its_device_once(
+    rig: Rig, pb: Any, grpc_mod: Any
+) -> None:
+    # Two claims share the shareable device; a generated claim asks for two devices in one
+    # request (ate.dev/kvm: 2) and one in another container's request.
+    rig.api.add_claim("ns", "a", "ua", allocated(SHARED, share="5e1c-a"))
+    rig.api.add_claim("ns", "b", "ub", allocated(SHARED, share="5e1c-b"))
+    two = allocated(SHARED, request="container-0-request-0", share="5e1c-c") + allocated(
+        SLOTS[0], request="container-0-request-0"
+    )
+    rig.api.add_claim("ns", "c", "uc", two + allocated(SLOTS[1], request="container-1-request-0"))
+    claims = [pb.Claim(namespace="ns", uid=f"u{n}", name=n) for n in "abc"]
+    async with rig.channel(rig.settings.dra_socket) as channel:
+        response = await grpc_mod.DRAPluginStub(channel).NodePrepareResources(
+            pb.NodePrepareResourcesRequest(claims=claims)
+        )
+    got = {
+        uid: [
+            (list(d.request_names), d.device_name, list(d.cdi_device_ids), getattr(d, "share_id", None))
+            for d in answer.devices
+        ]
+        for uid, answer in response.claims.items()
+    }
+    share = (lambda s: s) if pb is v1 else (lambda s: None)  # v1beta1 has no share_id
+    assert got == {
+        "ua": [(["kvm"], SHARED, ["ate.dev/kvm=kvm"], share("5e1c-a"))],
+        "ub": [(["kvm"], SHARED, ["ate.dev/kvm=kvm"], share("5e1c-b"))],
+        "uc": [
+            (["container-0-request-0"], SHARED, ["ate.dev/kvm=kvm"], share("5e1c-c")),
+            (["container-0-request-0"], SLOTS[0], [], share("")),
+            (["container-1-request-0"], SLOTS[1], ["ate.dev/kvm=kvm"], share("")),
+        ],
+    }
+
+
+async def test_an_api_server_that_drops_sharing_gets_the_slots_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig = Rig(tmp_path, consumable_capacity=False)
+    await rig.start()
+    try:
+        rig.plugin.on_discovery(PRESENT)
+        await until(lambda: rig.plugin.publisher.synced.is_set(), "slices published")
+        assert rig.api.devices() == SLOTS
+        # Written once with the shareable device, read back without its flag, written again.
+        assert rig.api.writes == ["create", "update"]
+        assert rig.sample("ate_devplugin_dra_sharing", model="slots") == 1
+        assert rig.sample("ate_devplugin_dra_sharing", model="capacity") == 0
+        assert rig.sample("ate_devplugin_dra_slice_devices", resource_name="ate.dev/kvm") == 4
+        assert "dropped allowMultipleAllocations" in caplog.text
+        # A claim the scheduler gave the shareable device in that moment still prepares.
+        rig.api.add_claim("ns", "early", "ue", allocated(SHARED))
+        [result] = (await rig.plugin.driver.prepare([ClaimRef("ns", "ue", "early")])).values()
+        assert (result.error, [d.device for d in result.devices]) == ("", [SHARED])
+        # A later change publishes slots only, without trying the shareable device again.
+        rig.plugin.on_discovery(ABSENT)
+        await until(lambda: rig.plugin.publisher.synced.is_set() and rig.api.devices() == [], "devices withdrawn")
+        rig.plugin.on_discovery(PRESENT)
+        await until(lambda: rig.plugin.publisher.synced.is_set() and rig.api.devices() == SLOTS, "slots back")
+        assert rig.api.writes[2:] == ["update", "update"]
+    finally:
+        await rig.plugin.stop(2.0)
+
+
+async def test_slots_only_when_configured(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, dra_sharing="slots")
+    await rig.start()
+    try:
+        rig.plugin.on_discovery(PRESENT)
+        await until(lambda: rig.plugin.publisher.synced.is_set(), "slices published")
+        assert rig.api.devices() == SLOTS
+        assert rig.api.writes == ["create"]
+        assert rig.sample("ate_devplugin_dra_sharing", model="slots") == 1
+    finally:
+        await rig.plugin.stop(2.0)
+
+
+async def test_a_claim_is_not_prepared_while_its_cdi_spec_is_not_on_disk(rig: Rig) -> None:
+    rig.plugin.on_discovery(PRESENT)
+    await until(lambda: rig.plugin.publisher.synced.is_set(), "slices published")
+    rig.api.add_claim("ns", "c", "uc", allocated(SLOTS[0]))
+    rig.cdi_problems[KVM.name] = "/var/run/cdi: Read-only file system"
+    [result] = (await rig.plugin.driver.prepare([ClaimRef("ns", "uc", "c")])).values()
+    assert result.error == (
+        f"claim ns/c: the CDI spec of device {SLOTS[0]} is not in place: /var/run/cdi: Read-only file system"
+    )
+    assert result.devices == []
+    del rig.cdi_problems[KVM.name]  # written again: the kubelet's retry prepares it
+    [result] = (await rig.plugin.driver.prepare([ClaimRef("ns", "uc", "c")])).values()
+    assert (result.error, [d.cdi_ids for d in result.devices]) == ("", [("ate.dev/kvm=kvm",)])

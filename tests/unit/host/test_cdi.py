@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from ate_devplugin.config import MountConfig, ResourceConfig
 from ate_devplugin.host import cdi
-from ate_devplugin.host.cdi import CdiSpecs, device_id, spec
+from ate_devplugin.host.cdi import CdiSpecs, _OnDisk, device_id, spec
 from ate_devplugin.host.devices import DeviceNode
 from ate_devplugin.observability.metrics import Metrics
 
@@ -158,3 +158,47 @@ def test_a_failed_write_leaves_no_temp_file(tmp_path: Path) -> None:
     w.file.mkdir()  # rename onto a directory fails after the temp file was written
     assert not w.specs.write(KVM, [KVM_NODE])
     assert os.listdir(w.dir) == ["ate.dev-kvm.json"]
+
+
+def test_the_directory_is_watched_from_the_start_when_a_resource_uses_cdi(tmp_path: Path) -> None:
+    w = Writer(tmp_path)
+    assert w.specs.watches().dirs == frozenset()
+    w.specs._resources = (KVM,)  # as start() leaves it, before the first discovery
+    assert w.specs.watches().dirs == {str(w.dir)}
+
+
+def test_ours_is_restored_a_foreign_spec_is_left_alone(tmp_path: Path) -> None:
+    w = Writer(tmp_path)
+    assert w.specs.write(KVM, [KVM_NODE])
+    assert w.specs.cdi_ready("ate.dev/kvm")
+    tampered = spec(KVM, [DeviceNode("/dev/sda", 8, 0)])
+    w.file.write_text(json.dumps(tampered))  # our kind, other nodes: ours to restore
+    assert not w.specs.cdi_ready("ate.dev/kvm")
+    assert w.specs.sync()
+    assert json.loads(w.file.read_text()) == spec(KVM, [KVM_NODE])
+    assert w.specs.cdi_ready("ate.dev/kvm")
+
+    foreign = '{"cdiVersion": "0.6.0", "kind": "other.vendor/kvm", "devices": []}'
+    w.file.write_text(foreign)
+    assert not w.specs.sync()
+    assert w.file.read_text() == foreign
+    assert "kind 'other.vendor/kvm'" in w.specs.readiness()[1]
+    assert not w.specs.cdi_ready("ate.dev/kvm")
+    assert "other.vendor/kvm" in w.specs.cdi_problem("ate.dev/kvm")
+    assert not w.specs.remove_all()  # not ours: left in place
+    assert w.file.read_text() == foreign
+
+
+def test_never_through_a_symlinked_directory(tmp_path: Path) -> None:
+    w = Writer(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    w.dir.parent.mkdir()
+    w.dir.symlink_to(elsewhere)
+    assert not w.specs.write(KVM, [KVM_NODE])
+    assert os.listdir(elsewhere) == []
+    assert "a symlink in place of the directory" in w.specs.readiness()[1]
+    (elsewhere / "ate.dev-kvm.json").write_text(json.dumps(spec(KVM, [KVM_NODE])))
+    w.specs._written["ate.dev/kvm"] = _OnDisk(b"", (0, 0, 0, 0))  # as if written before the swap
+    assert not w.specs.remove("ate.dev/kvm")
+    assert os.listdir(elsewhere) == ["ate.dev-kvm.json"]
