@@ -17,8 +17,8 @@ demo: setup-demo
 test: setup-test lint unit-nonroot
 	$(PYTHON) -m pytest -p no:cacheprovider --cov --cov-report=term --cov-fail-under=$(COVERAGE_FLOOR)
 
-# The user's path on a real one-node cluster (tests/e2e): root, /dev/kvm and Debian's
-# containerd, runc, etcd and CNI plugins. `make test` runs it too where the machine
+# The user's path on real clusters (tests/e2e): root, /dev/kvm and Debian's containerd,
+# runc, etcd, CNI plugins and docker-registry. `make test` runs it too where the machine
 # allows (and always under CI=true); this runs only it, and fails instead of skipping.
 e2e: setup-test
 	E2E_REQUIRED=1 $(PYTHON) -m pytest -p no:cacheprovider tests/e2e

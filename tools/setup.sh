@@ -2,8 +2,8 @@
 # Installs what the demo and the tests need on a fresh machine, then builds the Go peers.
 #   tools/setup.sh demo    Python package + the kubelet bench
 #   tools/setup.sh test    everything: + Debian tools, helm, the image's base, and the
-#                          one-node cluster of tests/e2e (Kubernetes binaries, containerd 1.6
-#                          from Debian and containerd 2 built from source)
+#                          clusters of tests/e2e (Kubernetes 1.35 and 1.37 binaries,
+#                          containerd 1.6 from Debian and containerd 2 built from source)
 # Idempotent: installed packages and up-to-date builds are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +15,7 @@ if [ "$what" = test ]; then
   # podman and debootstrap to build and run the image without a Docker engine; python3-venv
   # for the unprivileged unit-test run (make unit-nonroot).
   apt_packages+=(prometheus buildah podman debootstrap python3-venv)
-  # The one-node cluster of tests/e2e: container runtime, etcd, pod network, curl and
+  # The clusters of tests/e2e: container runtime, etcd, pod network, curl and
   # ip inside its namespaces; gcc and libc6-dev for the statically linked pause image.
   apt_packages+=(containerd runc etcd-server containernetworking-plugins curl iproute2 gcc libc6-dev)
   # The OCI registry the e2e user path installs the published chart and image from.
@@ -49,15 +49,27 @@ python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore 
 
 tools/build-kubelet-bench.sh
 if [ "$what" = test ]; then
+  # Kubernetes 1.37 for tests/e2e (control plane and kubelet; about 490 CPU-seconds cold),
+  # in the background while the chart tools install: checkov's venv waits on the network
+  # and helm builds with -p 1, so the second core would idle. Its output follows at the end.
+  k8s137_log="$(mktemp)"
+  tools/build-k8s.sh 1.37 >"$k8s137_log" 2>&1 &
+  k8s137=$!
+  trap 'kill "$k8s137" 2>/dev/null || true; rm -f "$k8s137_log"' EXIT
   # Chart tools outside the dev extra: checkov (own venv), helm v3 and v4.
   tools/install-test-tools.sh --no-apt
-  # kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl for tests/e2e.
-  tools/build-k8s.sh
-  # containerd 2 (CDI) for the e2e cluster's second runtime; Debian's runc runs its pods.
+  # Kubernetes 1.35 for tests/e2e: the same and kubectl, the client of both releases.
+  tools/build-k8s.sh 1.35
+  # containerd 2 (CDI) for the e2e clusters' second runtime; Debian's runc runs its pods.
   tools/build-containerd.sh
   # The Perses page's npm packages, exactly as locked; again only when the lock changed.
   page=tools/render-dashboards
   if [ ! -e "$page/node_modules/.package-lock.json" ] || [ "$page/package-lock.json" -nt "$page/node_modules/.package-lock.json" ]; then
     (cd "$page" && npm ci --no-audit --no-fund --loglevel=error)
   fi
+  status=0
+  wait "$k8s137" || status=$?
+  trap 'rm -f "$k8s137_log"' EXIT  # reaped: nothing left to kill
+  cat "$k8s137_log"
+  [ "$status" -eq 0 ] || { echo "setup: tools/build-k8s.sh 1.37 failed ($status)" >&2; exit 1; }
 fi

@@ -1,26 +1,54 @@
-"""A real one-node Kubernetes cluster inside a :class:`~e2e.sandbox.Sandbox`.
+"""A real Kubernetes cluster inside a :class:`~e2e.sandbox.Sandbox`: a control plane and
+one or more nodes.
 
-etcd, kube-apiserver, kube-controller-manager, kube-scheduler, containerd (runc, the CNI
-bridge plugin) and the kubelet, as a node of a small cluster runs them: certificates from
-one CA, RBAC and node authorization, no privileged pods. No kube-proxy and no DNS: the
-tests reach pods by their IPs, from inside the sandbox. Debian's containerd, runc, etcd
-and CNI plugins; the Kubernetes binaries from tools/build-k8s.sh.
+The control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) runs in
+the sandbox itself, as a cluster's control plane host would. Each node, as a kind node is
+a container, has mount and network namespaces of its own inside the sandbox
+(:meth:`Sandbox.node`), with its own containerd (runc, the CNI bridge plugin), kubelet,
+root directories, cgroup root and pod subnet. Certificates from one CA, RBAC and node
+authorization, no privileged pods. No kube-proxy and no DNS: the tests reach pods by
+their IPs, from inside the sandbox. Debian's containerd, runc, etcd and CNI plugins; the
+Kubernetes binaries from tools/build-k8s.sh, of one release per cluster (``1.35`` or
+``1.37``; kubectl is 1.35's for both).
 
-Two things of this kind of host are handled here, both found bringing the node up:
+The network, all of it inside the sandbox (nothing reaches the host's):
+
+* the nodes' bridge :data:`NODES_BRIDGE` in the sandbox, :data:`GATEWAY` on it, and one
+  veth per node: node ``i`` is ``10.88.0.(11+i)``, its default route the gateway;
+* each node's pods on a bridge of that node, in ``10.88.(1+i).0/24``, their default route
+  the node; the sandbox routes each pod subnet to its node, so pods of different nodes,
+  the API server, the test's Prometheus and :meth:`Sandbox.http_get` reach every pod;
+* the API server listens on port 443 of every address of the sandbox: :data:`GATEWAY`
+  (its advertise address, the kubeconfigs' server) and :data:`API_SERVICE_IP`, the
+  ``kubernetes`` Service's ClusterIP, an address of the sandbox too: a pod's in-cluster
+  client reaches the API server through the Service without kube-proxy;
+* a server that needs a port the API server holds there (an HTTPS registry's 443) runs in
+  namespaces of its own on the nodes' bridge (:meth:`Cluster.attach`), at an address below
+  the nodes' (tests/e2e/registry.py: ``10.88.0.2``);
+* names: the cluster's own ``/etc/hosts`` (:attr:`Cluster.hosts_file`) is bind-mounted over
+  the sandbox's before any node comes up, so every node's mount namespace, a copy of the
+  sandbox's, has it too; :meth:`Cluster.set_host` writes it in place and a name it adds
+  resolves at once in the sandbox and on every node (``ghcr.io``, the registry).
+
+Two things of this kind of host are handled here, both found bringing a node up:
 
 * root may lack CAP_SYS_RESOURCE: runc then cannot set the kubelet's ``oom_score_adj``
   of -998 for pod sandboxes and every pod fails (``can't get final child's PID from pipe:
   EOF``). containerd's ``restrict_oom_score_adj`` clamps the score instead.
-* the host runs cgroup v1: kubelet 1.35 refuses it unless ``failCgroupV1: false``.
+* the host runs cgroup v1: kubelets 1.35 and 1.37 refuse it unless ``failCgroupV1: false``.
 
-The pods' cgroups go under a cgroup root of this cluster's own (``/ate-e2e-<pid>`` in
-every v1 hierarchy, ``/ate-e2e-<pid>-<runtime>`` for a second runtime), removed by
-:meth:`Cluster.close`, so two runs, or two clusters of one run, never share one.
+Each node's pods' cgroups go under a cgroup root of its own
+(``/ate-e2e-<pid>-<cluster>-<node>`` in every v1 hierarchy), removed by
+:meth:`Cluster.close`, so two runs, two clusters of a run or two nodes never share one.
 
 Two container runtimes (``Cluster(runtime=...)``): Debian's containerd 1.6 (the default,
 as the user's node most likely has), or containerd 2 built by tools/build-containerd.sh,
-the one with CDI: it resolves CDI device names against the specs in the sandbox's
-``/var/run/cdi``. Both run pods with Debian's runc.
+the one with CDI: it resolves CDI device names against the specs in the node's
+``/var/run/cdi``. Both run pods with Debian's runc. Every node's containerd reads registry
+hosts from :attr:`Cluster.registry_config_dir` (CRI ``config_path``): a registry in the
+sandbox is made known to every node by writing ``<host:port>/hosts.toml`` there (read at
+each pull, no restart), naming an address every node reaches (:data:`GATEWAY`) or a name
+of :meth:`Cluster.set_host`.
 """
 
 from __future__ import annotations
@@ -32,33 +60,56 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tests.e2e.sandbox import Process, Sandbox, SandboxError
+from tests.e2e.sandbox import NodeNamespaces, Process, Sandbox, SandboxError
 
 T = TypeVar("T")
 
-NODE = "e2e-node"
-NODE_IP = "10.88.0.1"  # on the sandbox's bridge: the kubelet's node IP
-POD_CIDR = "10.88.0.0/16"
+REPO = Path(__file__).resolve().parents[2]
+#: The releases tools/build-k8s.sh builds; a cluster runs one of them.
+RELEASES = ("1.35", "1.37")
+DEFAULT_RELEASE = "1.35"
+#: kubectl of this release is the client of every cluster (built once).
+CLIENT_RELEASE = "1.35"
+NODE = "e2e-node"  # the first node's name
+GATEWAY = "10.88.0.1"  # the sandbox on the nodes' bridge: API server, and servers a test starts for nodes
+NODES_BRIDGE = "e2e-nodes0"
+POD_BRIDGE = "cni-e2e0"  # in each node's network namespace
 SERVICE_CIDR = "10.96.0.0/24"
-BRIDGE = "cni-e2e0"
-API_PORT_ON_BRIDGE = 6443
-API = f"https://127.0.0.1:{API_PORT_ON_BRIDGE}"
+API_SERVICE_IP = "10.96.0.1"  # the `kubernetes` Service
+API_PORT = 443
+API = f"https://{GATEWAY}:{API_PORT}"
 PAUSE_IMAGE = "localhost/pause:e2e"
 CNI_BIN_DIR = "/usr/lib/cni"
 CGROUP_FS = Path("/sys/fs/cgroup")
-CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+SERVER_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "pause")
 # The container runtimes a cluster can run.
 DEBIAN_CONTAINERD = "containerd"  # Debian's containerd 1.6, on PATH: no CDI
 CONTAINERD2 = "containerd2"  # containerd 2 from build/containerd2: CDI
 RUNTIMES = (DEBIAN_CONTAINERD, CONTAINERD2)
 CONTAINERD2_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr")
-# Where containerd 2 reads CDI specs: only the sandbox's /var/run/cdi (a tmpfs over /run),
+# Where containerd 2 reads CDI specs: only the node's /var/run/cdi (a tmpfs over /run),
 # not the host's /etc/cdi, so nothing of the host's reaches the cluster.
 CDI_SPEC_DIR = "/var/run/cdi"
+
+
+def k8s_bin_dir() -> Path:
+    """tools/build-k8s.sh's output: one directory per release."""
+    env = os.environ.get("K8S_BIN_DIR")
+    return Path(env) if env else REPO / "build" / "k8s"
+
+
+def containerd2_bin_dir() -> Path:
+    """tools/build-containerd.sh's output."""
+    env = os.environ.get("CONTAINERD2_BIN_DIR")
+    return Path(env) if env else REPO / "build" / "containerd2"
+
+
+def node_name(index: int) -> str:
+    return NODE if index == 0 else f"{NODE}-{index + 1}"
 
 
 class ClusterError(RuntimeError):
@@ -89,8 +140,49 @@ def lacks_cap_sys_resource() -> bool:
     return not (int(cap_eff, 16) >> 24) & 1  # CAP_SYS_RESOURCE is capability 24
 
 
+def cgroup_hierarchies() -> list[Path]:
+    return [h for h in sorted(CGROUP_FS.iterdir()) if (h / "cgroup.procs").exists() and not h.is_symlink()]
+
+
+def remove_cgroup_tree(root: str, timeout: float) -> None:
+    """rmdir every cgroup under ``root``, deepest first (their processes are gone with the
+    sandbox; a cgroup may stay busy for a moment after)."""
+    deadline = time.monotonic() + timeout
+    for hierarchy in cgroup_hierarchies():
+        top = hierarchy / root.lstrip("/")
+        if not top.exists():
+            continue
+        dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
+        for d in [*dirs, top]:
+            while True:
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() >= deadline:
+                        raise
+                    time.sleep(0.2)
+
+
+def remove_stale_cgroups() -> None:
+    """Cgroups of a run that was killed (SIGKILL leaves no time to clean up): its
+    processes died with its sandbox, its empty cgroups stay until removed here."""
+    for top in {p.name for h in cgroup_hierarchies() for p in h.glob("ate-e2e-*")}:
+        pid = top.removeprefix("ate-e2e-").split("-")[0]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            remove_cgroup_tree(f"/{top}", timeout=10)
+
+
+def ns_pid(host_pid: int) -> int:
+    """The PID ``host_pid`` has in its own (the sandbox's) PID namespace."""
+    status = Path(f"/proc/{host_pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("NSpid:")).split()[-1])
+
+
 class Cluster:
-    """The node and its control plane; :meth:`up` starts them, :meth:`close` ends them."""
+    """The control plane and its nodes; :meth:`up` starts them, :meth:`close` ends them."""
 
     def __init__(
         self,
@@ -100,107 +192,306 @@ class Cluster:
         images: Sequence[Path],
         runtime: str = DEBIAN_CONTAINERD,
         containerd2_bin: Path | None = None,
+        *,
+        release: str = DEFAULT_RELEASE,
+        nodes: int = 1,
     ) -> None:
+        """``k8s_bin`` holds one directory per release (tools/build-k8s.sh's output)."""
         if runtime not in RUNTIMES or (runtime == CONTAINERD2) != (containerd2_bin is not None):
             raise ValueError(f"runtime {runtime!r} (one of {RUNTIMES}; {CONTAINERD2} with its binaries' directory)")
+        if release not in RELEASES or nodes < 1:
+            raise ValueError(f"release {release!r} (one of {RELEASES}), nodes {nodes} (at least 1)")
         self.sandbox = sandbox
         self.dir = workdir
-        self.bin = k8s_bin
+        self.release = release
+        self.bin = k8s_bin / release
+        self.kubectl_path = k8s_bin / CLIENT_RELEASE / "kubectl"
         self.images = list(images)
         self.runtime = runtime
         self.containerd2_bin = containerd2_bin
+        self.node_count = nodes
         self.pki = workdir / "pki"
         self.kubeconfig = self.pki / "admin.kubeconfig"
-        self.containerd_sock = "/run/containerd/containerd.sock"
-        # The CRI plugin's registry config_path: <host>/hosts.toml per registry (tests/e2e/registry.py).
-        self.registry_hosts = workdir / "containerd" / "certs.d"
-        suffix = "" if runtime == DEBIAN_CONTAINERD else f"-{runtime}"
-        self.cgroup_root = f"/ate-e2e-{os.getpid()}{suffix}"
-        # Device nodes owned by the pod's user: on for containerd 1.6, the setting the
-        # user's path needs there; off for containerd 2, where a CDI spec gives the mode.
-        self.device_ownership = runtime == DEBIAN_CONTAINERD
-        self.containerd: Process | None = None
-        self.kubelet: Process | None = None
-        self.env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PATH": f"{k8s_bin}:{os.environ['PATH']}"}
+        #: CRI registry ``config_path`` of every node: ``<host:port>/hosts.toml`` files.
+        self.registry_config_dir = workdir / "registry-hosts"
+        #: ``/etc/hosts`` of the sandbox and of every node (bind-mounted by :meth:`up`).
+        self.hosts_file = workdir / "hosts"
+        self.key = f"{release}-{runtime}-{nodes}"
+        self.nodes: list[Node] = []
+        self.env = {**os.environ, "KUBECONFIG": str(self.kubeconfig),
+                    "PATH": f"{self.kubectl_path.parent}:{os.environ['PATH']}"}  # fmt: skip
+
+    @property
+    def node(self) -> Node:
+        """The first node (``e2e-node``)."""
+        return self.nodes[0]
 
     # --- bring-up -------------------------------------------------------------------
 
     def up(self) -> None:
         start = time.monotonic()
-        for d in ("pki", "cni/net.d", "containerd/certs.d", "etcd", "kubelet"):
+        for d in ("pki", "etcd", "registry-hosts"):
             (self.dir / d).mkdir(parents=True, exist_ok=True)
+        self._certificates()
+        self._hosts()
+        self._network()
+        self._control_plane()
+        remove_stale_cgroups()
+        # One after the other, from this thread: each long-running process dies with the
+        # thread that started it (PR_SET_PDEATHSIG), so no worker thread may start one.
+        for index in range(self.node_count):
+            node = Node(self, index)
+            self.nodes.append(node)
+            node.up()
+        for node in self.nodes:
+            node.wait_ready()
+        print(f"cluster {self.key} up in {time.monotonic() - start:.1f}s (kubelet {self.version()})")
+
+    def openssl(self, *args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=self.pki, check=True, capture_output=True, timeout=60)
+
+    def certificate(self, name: str, subject: str, san: str = "") -> None:
+        """``<name>.key`` and ``<name>.crt`` signed by the CA: a client certificate, or a
+        serving one (client too) for ``san``. EC P-256 keys: fast to make."""
+        ext = self.pki / f"{name}.ext"
+        usage = "serverAuth,clientAuth" if san else "clientAuth"
+        ext.write_text(
+            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+            f"extendedKeyUsage={usage}\n" + (f"subjectAltName={san}\n" if san else "")
+        )
+        self.openssl("req", "-new", *_EC, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject)
+        self.openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+                     "-days", "2", "-sha256", "-extfile", ext.name, "-out", f"{name}.crt")  # fmt: skip
+
+    def write_kubeconfig(self, user: str) -> Path:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "e2e", "cluster": {"server": API,
+                                                     "certificate-authority": str(self.pki / "ca.crt")}}],
+            "users": [{"name": user, "user": {"client-certificate": str(self.pki / f"{user}.crt"),
+                                              "client-key": str(self.pki / f"{user}.key")}}],
+            "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": user}}],
+            "current-context": "e2e",
+        }  # fmt: skip
+        path = self.pki / f"{user}.kubeconfig"
+        path.write_text(json.dumps(config))
+        return path
+
+    def _certificates(self) -> None:
+        """One CA; the control plane's client and serving certificates; kubeconfigs."""
+        if (self.pki / "ca.crt").exists():
+            return
+        self.openssl("req", "-x509", *_EC, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+                     "-subj", "/CN=ate-e2e-ca")  # fmt: skip
+        names = f"DNS:localhost,DNS:kubernetes.default,IP:127.0.0.1,IP:{GATEWAY},IP:{API_SERVICE_IP}"
+        self.certificate("apiserver", "/CN=kube-apiserver", names)
+        for name, subject in {
+            "apiserver-kubelet-client": "/CN=kube-apiserver-kubelet-client",
+            "admin": "/O=system:masters/CN=admin",
+            "controller-manager": "/CN=system:kube-controller-manager",
+            "scheduler": "/CN=system:kube-scheduler",
+        }.items():
+            self.certificate(name, subject)
+        self.openssl("genpkey", "-algorithm", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-out", "sa.key")
+        self.openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub")
+        for user in ("admin", "controller-manager", "scheduler"):
+            self.write_kubeconfig(user)
+
+    def _hosts(self) -> None:
+        """The sandbox's /etc/hosts (the host's) copied to :attr:`hosts_file` and bind-mounted
+        over it there: every node's mount namespace, made later as a copy, has the mount too."""
+        self.hosts_file.write_text(self.sandbox.run(["cat", "/etc/hosts"]).stdout)
+        self.sandbox.run(["mount", "--bind", str(self.hosts_file), "/etc/hosts"])
+
+    def set_host(self, name: str, address: str | None) -> None:
+        """``name`` resolving to ``address`` in the sandbox and on every node (None: the name
+        removed). Written in place: every bind mount of the file sees it at once."""
+        lines = [line for line in self.hosts_file.read_text().splitlines() if line.split()[1:] != [name]]
+        if address is not None:
+            lines.append(f"{address} {name}")
+        self.hosts_file.write_text("".join(f"{line}\n" for line in lines))
+
+    def _network(self) -> None:
+        """The nodes' bridge and the Service address, in the sandbox; forwarding between nodes."""
+        for cmd in (
+            ["ip", "link", "add", NODES_BRIDGE, "type", "bridge"],
+            ["ip", "addr", "add", f"{GATEWAY}/24", "dev", NODES_BRIDGE],
+            ["ip", "link", "set", NODES_BRIDGE, "up"],
+            ["ip", "addr", "add", f"{API_SERVICE_IP}/32", "dev", "lo"],
+            ["sh", "-ec", "echo 1 > /proc/sys/net/ipv4/ip_forward"],  # this namespace's own setting
+        ):
+            self.sandbox.run(cmd)
+
+    def _control_plane(self) -> None:
+        pki = self.pki
+        self.sandbox.spawn("etcd", [
+            "etcd", "--name", "e2e", "--data-dir", str(self.dir / "etcd"),
+            "--listen-client-urls", "http://127.0.0.1:2379", "--advertise-client-urls", "http://127.0.0.1:2379",
+            "--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
+            "--initial-cluster", "e2e=http://127.0.0.1:2380",
+        ])  # fmt: skip
+        self.sandbox.spawn("kube-apiserver", [
+            str(self.bin / "kube-apiserver"), "--etcd-servers=http://127.0.0.1:2379",
+            # Every address of the sandbox's own network namespace: the gateway, where nodes
+            # reach it, and the `kubernetes` Service's ClusterIP, where pods do.
+            "--bind-address=0.0.0.0", f"--secure-port={API_PORT}", f"--advertise-address={GATEWAY}",
+            f"--tls-cert-file={pki}/apiserver.crt", f"--tls-private-key-file={pki}/apiserver.key",
+            f"--client-ca-file={pki}/ca.crt",
+            f"--kubelet-client-certificate={pki}/apiserver-kubelet-client.crt",
+            f"--kubelet-client-key={pki}/apiserver-kubelet-client.key",
+            f"--kubelet-certificate-authority={pki}/ca.crt", "--kubelet-preferred-address-types=InternalIP",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki}/sa.pub", f"--service-account-signing-key-file={pki}/sa.key",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+            "--allow-privileged=false", "--v=1",
+        ])  # fmt: skip
+        wait_until("kube-apiserver /readyz", lambda: self.kubectl("get", "--raw", "/readyz", check=False) == "ok", 180)
+        for name, user in (("kube-controller-manager", "controller-manager"), ("kube-scheduler", "scheduler")):
+            kubeconfig = f"{pki}/{user}.kubeconfig"
+            extra = [
+                "--use-service-account-credentials", f"--service-account-private-key-file={pki}/sa.key",
+                f"--root-ca-file={pki}/ca.crt", f"--cluster-signing-cert-file={pki}/ca.crt",
+                f"--cluster-signing-key-file={pki}/ca.key", f"--service-cluster-ip-range={SERVICE_CIDR}",
+            ] if user == "controller-manager" else []  # fmt: skip
+            self.sandbox.spawn(name, [
+                str(self.bin / name), f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}", "--bind-address=127.0.0.1", "--leader-elect=false",
+                *extra, "--v=1",
+            ])  # fmt: skip
+        # The API server's own identity on the kubelet (logs, exec).
+        rbac = "rbac.authorization.k8s.io"
+        self.apply({
+            "apiVersion": f"{rbac}/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "e2e-apiserver-kubelet"},
+            "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": "system:kubelet-api-admin"},
+            "subjects": [{"apiGroup": rbac, "kind": "User", "name": "kube-apiserver-kubelet-client"}],
+        })  # fmt: skip
+
+    def attach(self, ns: NodeNamespaces, veth: str, ip: str) -> None:
+        """Put ``ns`` on the nodes' bridge as ``ip`` (its ``eth0``, default route the gateway):
+        a node, or a server of its own namespaces that every node reaches."""
+        self.sandbox.run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0",
+                          "netns", str(ns_pid(ns.init_pid))])  # fmt: skip
+        self.sandbox.run(["ip", "link", "set", veth, "master", NODES_BRIDGE, "up"])
+        for cmd in (
+            ["ip", "addr", "add", f"{ip}/24", "dev", "eth0"],
+            ["ip", "link", "set", "eth0", "up"],
+            ["ip", "route", "add", "default", "via", GATEWAY],
+        ):
+            ns.run(cmd)
+
+    # --- use ------------------------------------------------------------------------
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 120) -> str:
+        out = self.sandbox.run([str(self.kubectl_path), *args], stdin=stdin, check=check, timeout=timeout,
+                               env=self.env)  # fmt: skip
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    def get_json(self, *args: str, check: bool = True) -> Any:
+        text = self.kubectl("get", *args, "-o", "json", check=check)
+        return json.loads(text) if text else None
+
+    def apply(self, manifest: dict[str, Any]) -> None:
+        self.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+
+    def version(self) -> str:
+        info = json.loads(self.kubectl("version", "-o", "json"))
+        return str(info["serverVersion"]["gitVersion"])
+
+    def node_named(self, name: str) -> Node:
+        return next(n for n in self.nodes if n.name == name)
+
+    # --- teardown -------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the kubelets first (no pod restarted behind our back), then everything with
+        the sandbox, then remove the nodes' cgroups."""
+        for node in self.nodes:
+            with contextlib.suppress(Exception):
+                if node.kubelet is not None:
+                    node.stop_kubelet()
+        self.sandbox.close()
+        for node in self.nodes:
+            node.remove_cgroups()
+
+
+_EC = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+
+
+class Node:
+    """One node: its namespaces, containerd and kubelet."""
+
+    def __init__(self, cluster: Cluster, index: int) -> None:
+        self.cluster = cluster
+        self.index = index
+        self.name = node_name(index)
+        self.ip = f"10.88.0.{11 + index}"
+        self.pod_subnet = f"10.88.{1 + index}.0/24"
+        self.pod_gateway = f"10.88.{1 + index}.1"
+        self.dir = cluster.dir / self.name
+        self.runtime = cluster.runtime
+        self.containerd_sock = "/run/containerd/containerd.sock"
+        self.cgroup_root = f"/ate-e2e-{os.getpid()}-{cluster.key}-{self.name}"
+        # Device nodes owned by the pod's user: on for containerd 1.6, the setting the
+        # user's path needs there; off for containerd 2, where a CDI spec gives the mode.
+        self.device_ownership = cluster.runtime == DEBIAN_CONTAINERD
+        self.ns: NodeNamespaces | None = None
+        self.containerd: Process | None = None
+        self.kubelet: Process | None = None
+
+    def up(self) -> None:
+        for d in ("cni/net.d", "containerd", "kubelet"):
+            (self.dir / d).mkdir(parents=True, exist_ok=True)
+        self.ns = self.cluster.sandbox.node(self.name)
         self._certificates()
         self._network()
         self.start_containerd()
-        for archive in self.images:
+        for archive in self.cluster.images:
             self.ctr("images", "import", str(archive), timeout=600)
-        self._control_plane()
         self._make_cgroup_root()
         self.start_kubelet()
-        self.wait_node_ready()
-        print(f"cluster up in {time.monotonic() - start:.1f}s (kubelet {self.version()})")
 
-    def _openssl(self, *args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=self.pki, check=True, capture_output=True, timeout=60)
+    # --- in the node's namespaces ----------------------------------------------------
+
+    def run(self, argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        """Run a command in the node's mount and network namespaces (see Namespaces.run)."""
+        assert self.ns is not None
+        return self.ns.run(argv, **kwargs)
+
+    def spawn(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Process:
+        assert self.ns is not None
+        return self.ns.spawn(f"{self.name}-{name}", argv, env=env)
+
+    def ctr(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        argv = [self._containerd_binary("ctr"), "--address", self.containerd_sock, "-n", "k8s.io", *args]
+        return self.run(argv, check=check, timeout=timeout)
+
+    # --- bring-up -------------------------------------------------------------------
 
     def _certificates(self) -> None:
-        """One CA (EC P-256 keys: fast to make); client and serving certificates; kubeconfigs."""
-        if (self.pki / "ca.crt").exists():
+        c = self.cluster
+        if (c.pki / f"{self.name}.kubeconfig").exists():
             return
-        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-        self._openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
-                      "-subj", "/CN=ate-e2e-ca")  # fmt: skip
-        certs = {  # name: (subject, subjectAltName or "" for a client certificate)
-            "apiserver": ("/CN=kube-apiserver",
-                          f"DNS:localhost,DNS:kubernetes.default,IP:127.0.0.1,IP:{NODE_IP},IP:10.96.0.1"),
-            "apiserver-kubelet-client": ("/CN=kube-apiserver-kubelet-client", ""),
-            "admin": ("/O=system:masters/CN=admin", ""),
-            "controller-manager": ("/CN=system:kube-controller-manager", ""),
-            "scheduler": ("/CN=system:kube-scheduler", ""),
-            "kubelet": (f"/O=system:nodes/CN=system:node:{NODE}", ""),
-            "kubelet-serving": (f"/O=system:nodes/CN=system:node:{NODE}", f"DNS:{NODE},IP:{NODE_IP}"),
-        }  # fmt: skip
-        for name, (subject, san) in certs.items():
-            ext = self.pki / f"{name}.ext"
-            usage = "serverAuth,clientAuth" if san else "clientAuth"
-            ext.write_text(
-                "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
-                f"extendedKeyUsage={usage}\n" + (f"subjectAltName={san}\n" if san else "")
-            )
-            self._openssl("req", "-new", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject)
-            self._openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-                          "-days", "2", "-sha256", "-extfile", ext.name, "-out", f"{name}.crt")  # fmt: skip
-        self._openssl("genpkey", "-algorithm", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-out", "sa.key")
-        self._openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub")
-        for user in ("admin", "controller-manager", "scheduler", "kubelet"):
-            config = {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "e2e", "cluster": {"server": API,
-                                                         "certificate-authority": str(self.pki / "ca.crt")}}],
-                "users": [{"name": user, "user": {"client-certificate": str(self.pki / f"{user}.crt"),
-                                                  "client-key": str(self.pki / f"{user}.key")}}],
-                "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": user}}],
-                "current-context": "e2e",
-            }  # fmt: skip
-            (self.pki / f"{user}.kubeconfig").write_text(json.dumps(config))
+        c.certificate(self.name, f"/O=system:nodes/CN=system:node:{self.name}")
+        c.certificate(f"{self.name}-serving", f"/O=system:nodes/CN=system:node:{self.name}",
+                      f"DNS:{self.name},IP:{self.ip}")  # fmt: skip
+        c.write_kubeconfig(self.name)
 
     def _network(self) -> None:
-        """The pods' bridge, in the sandbox: pods reach the bridge subnet and nothing else."""
-        for cmd in (
-            ["ip", "link", "add", BRIDGE, "type", "bridge"],
-            ["ip", "addr", "add", f"{NODE_IP}/16", "dev", BRIDGE],
-            ["ip", "link", "set", BRIDGE, "up"],
-        ):
-            self.sandbox.run(cmd)
+        """A veth from the nodes' bridge into the node; the pods' bridge config; routes."""
+        assert self.ns is not None
+        self.cluster.attach(self.ns, f"e2e-veth{self.index}", self.ip)
+        self.run(["sh", "-ec", "echo 1 > /proc/sys/net/ipv4/ip_forward"])  # pods to the sandbox and other nodes
+        self.cluster.sandbox.run(["ip", "route", "add", self.pod_subnet, "via", self.ip])
         conflist = {
             "cniVersion": "1.0.0",
             "name": "e2e-pods",
             "plugins": [{
-                "type": "bridge", "bridge": BRIDGE, "isGateway": False, "ipMasq": False, "hairpinMode": True,
-                "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_CIDR, "rangeStart": "10.88.0.10",
-                                                            "gateway": NODE_IP}]],
-                         "dataDir": str(self.dir / "cni" / "ipam")},
+                "type": "bridge", "bridge": POD_BRIDGE, "isGateway": True, "ipMasq": False, "hairpinMode": True,
+                "ipam": {"type": "host-local", "ranges": [[{"subnet": self.pod_subnet, "gateway": self.pod_gateway,
+                                                            "rangeStart": self.pod_subnet.replace(".0/24", ".10")}]],
+                         "routes": [{"dst": "0.0.0.0/0"}], "dataDir": str(self.dir / "cni" / "ipam")},
             }],
         }  # fmt: skip
         (self.dir / "cni" / "net.d" / "10-e2e-bridge.conflist").write_text(json.dumps(conflist))
@@ -236,7 +527,7 @@ state = "/run/containerd/state"
     bin_dir = "{CNI_BIN_DIR}"
     conf_dir = "{self.dir}/cni/net.d"
   [plugins."io.containerd.grpc.v1.cri".registry]
-    config_path = "{self.registry_hosts}"
+    config_path = "{self.cluster.registry_config_dir}"
 """)
         return path
 
@@ -264,6 +555,8 @@ state = "/run/containerd/state"
   snapshotter = "overlayfs"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = "{PAUSE_IMAGE}"
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = "{self.cluster.registry_config_dir}"
 [plugins.'io.containerd.cri.v1.runtime']
   cdi_spec_dirs = ['{CDI_SPEC_DIR}']
   device_ownership_from_security_context = {str(self.device_ownership).lower()}
@@ -278,25 +571,21 @@ state = "/run/containerd/state"
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["{CNI_BIN_DIR}"]
     conf_dir = "{self.dir}/cni/net.d"
-[plugins.'io.containerd.cri.v1.images'.registry]
-  config_path = "{self.registry_hosts}"
 """)
         return path
 
     def _containerd_binary(self, name: str) -> str:
-        return name if self.containerd2_bin is None else str(self.containerd2_bin / name)
+        bin_dir = self.cluster.containerd2_bin
+        return name if bin_dir is None else str(bin_dir / name)
 
     def start_containerd(self) -> None:
         # containerd finds its shim on PATH: containerd 2's own before Debian's.
-        env = (
-            None
-            if self.containerd2_bin is None
-            else {**os.environ, "PATH": f"{self.containerd2_bin}:{os.environ['PATH']}"}
-        )
-        self.containerd = self.sandbox.spawn(
+        bin_dir = self.cluster.containerd2_bin
+        env = None if bin_dir is None else {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+        self.containerd = self.spawn(
             "containerd", [self._containerd_binary("containerd"), "--config", str(self._containerd_config())], env=env
         )
-        wait_until("containerd", lambda: self.ctr("version", check=False).returncode == 0, 60)
+        wait_until(f"containerd of {self.name}", lambda: self.ctr("version", check=False).returncode == 0, 60)
 
     def restart_containerd(self, device_ownership: bool) -> None:
         """Restart containerd with ``device_ownership_from_security_context`` set as given.
@@ -304,89 +593,38 @@ state = "/run/containerd/state"
         assert self.containerd is not None
         self.device_ownership = device_ownership
         self.containerd.stop()
-        self.sandbox.processes.remove(self.containerd)
+        self.cluster.sandbox.processes.remove(self.containerd)
         self.start_containerd()
 
-    def ctr(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        argv = [self._containerd_binary("ctr"), "--address", self.containerd_sock, "-n", "k8s.io", *args]
-        return self.sandbox.run(argv, check=check, timeout=timeout)
-
-    def _control_plane(self) -> None:
-        pki = self.pki
-        self.sandbox.spawn("etcd", [
-            "etcd", "--name", "e2e", "--data-dir", str(self.dir / "etcd"),
-            "--listen-client-urls", "http://127.0.0.1:2379", "--advertise-client-urls", "http://127.0.0.1:2379",
-            "--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
-            "--initial-cluster", "e2e=http://127.0.0.1:2380",
-        ])  # fmt: skip
-        self.sandbox.spawn("kube-apiserver", [
-            str(self.bin / "kube-apiserver"), "--etcd-servers=http://127.0.0.1:2379",
-            # All addresses of the sandbox's own network namespace: loopback, and the bridge,
-            # where pods that call the API server (the DRA driver) reach it without kube-proxy.
-            "--bind-address=0.0.0.0", f"--secure-port={API_PORT_ON_BRIDGE}", f"--advertise-address={NODE_IP}",
-            f"--tls-cert-file={pki}/apiserver.crt", f"--tls-private-key-file={pki}/apiserver.key",
-            f"--client-ca-file={pki}/ca.crt",
-            f"--kubelet-client-certificate={pki}/apiserver-kubelet-client.crt",
-            f"--kubelet-client-key={pki}/apiserver-kubelet-client.key",
-            f"--kubelet-certificate-authority={pki}/ca.crt", "--kubelet-preferred-address-types=InternalIP",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={pki}/sa.pub", f"--service-account-signing-key-file={pki}/sa.key",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
-            "--allow-privileged=false", "--v=1",
-        ])  # fmt: skip
-        wait_until("kube-apiserver /readyz", lambda: self.kubectl("get", "--raw", "/readyz", check=False) == "ok", 180)
-        for name, user in (("kube-controller-manager", "controller-manager"), ("kube-scheduler", "scheduler")):
-            kubeconfig = f"{pki}/{user}.kubeconfig"
-            extra = [
-                "--use-service-account-credentials", f"--service-account-private-key-file={pki}/sa.key",
-                f"--root-ca-file={pki}/ca.crt", f"--cluster-signing-cert-file={pki}/ca.crt",
-                f"--cluster-signing-key-file={pki}/ca.key", f"--service-cluster-ip-range={SERVICE_CIDR}",
-            ] if user == "controller-manager" else []  # fmt: skip
-            self.sandbox.spawn(name, [
-                str(self.bin / name), f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
-                f"--authorization-kubeconfig={kubeconfig}", "--bind-address=127.0.0.1", "--leader-elect=false",
-                *extra, "--v=1",
-            ])  # fmt: skip
-        # The API server's own identity on the kubelet (logs, exec).
-        rbac = "rbac.authorization.k8s.io"
-        self.apply({
-            "apiVersion": f"{rbac}/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "e2e-apiserver-kubelet"},
-            "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": "system:kubelet-api-admin"},
-            "subjects": [{"apiGroup": rbac, "kind": "User", "name": "kube-apiserver-kubelet-client"}],
-        })  # fmt: skip
-
     def _make_cgroup_root(self) -> None:
-        self.remove_stale_cgroups()
-        for hierarchy in self._hierarchies():
+        for hierarchy in cgroup_hierarchies():
             path = hierarchy / self.cgroup_root.lstrip("/")
             path.mkdir(exist_ok=True)
             for name in ("cpuset.cpus", "cpuset.mems"):  # an empty cpuset takes no task
                 if (path / name).exists():
                     (path / name).write_text((hierarchy / name).read_text())
 
-    @staticmethod
-    def _hierarchies() -> list[Path]:
-        return [h for h in sorted(CGROUP_FS.iterdir()) if (h / "cgroup.procs").exists() and not h.is_symlink()]
-
     def _kubelet_config(self) -> Path:
-        pki = self.pki
+        pki = self.cluster.pki
         config = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
-            "address": NODE_IP,
+            "address": self.ip,
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
             "cgroupDriver": "cgroupfs",
             "cgroupRoot": self.cgroup_root,
             "failCgroupV1": False,  # the host runs cgroup v1; kubelet >= 1.35 refuses it otherwise
             "failSwapOn": False,
+            # The pod sync, which also refreshes ConfigMap volumes: every 10 s instead of every
+            # minute, so a live config change reaches the plugin in seconds.
+            "syncFrequency": "10s",
             "containerRuntimeEndpoint": f"unix://{self.containerd_sock}",
             "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
                                "x509": {"clientCAFile": f"{pki}/ca.crt"}},
             "authorization": {"mode": "Webhook"},
-            "tlsCertFile": f"{pki}/kubelet-serving.crt",
-            "tlsPrivateKeyFile": f"{pki}/kubelet-serving.key",
+            "tlsCertFile": f"{pki}/{self.name}-serving.crt",
+            "tlsPrivateKeyFile": f"{pki}/{self.name}-serving.key",
             "resolvConf": "",  # no DNS for pods
             "imageGCHighThresholdPercent": 100,  # never remove the imported images
             "imageGCLowThresholdPercent": 99,
@@ -397,105 +635,55 @@ state = "/run/containerd/state"
         return path
 
     def start_kubelet(self) -> Process:
-        self.kubelet = self.sandbox.spawn("kubelet", [
-            str(self.bin / "kubelet"), f"--config={self._kubelet_config()}",
-            f"--kubeconfig={self.pki}/kubelet.kubeconfig", f"--hostname-override={NODE}", f"--node-ip={NODE_IP}",
-            "--v=2",
+        self.kubelet = self.spawn("kubelet", [
+            str(self.cluster.bin / "kubelet"), f"--config={self._kubelet_config()}",
+            f"--kubeconfig={self.cluster.pki}/{self.name}.kubeconfig", f"--hostname-override={self.name}",
+            f"--node-ip={self.ip}", "--v=2",
         ])  # fmt: skip
         return self.kubelet
 
     def stop_kubelet(self, sig: int = signal.SIGTERM) -> int | None:
         assert self.kubelet is not None
         code = self.kubelet.stop(sig)
-        self.sandbox.processes.remove(self.kubelet)
+        self.cluster.sandbox.processes.remove(self.kubelet)
         self.kubelet = None
         return code
 
-    def wait_node_ready(self, timeout: float = 180) -> None:
+    def wait_ready(self, timeout: float = 180) -> None:
         def ready() -> bool:
-            node = self.get_json("node", NODE, check=False)
+            node = self.cluster.get_json("node", self.name, check=False)
             conds = {c["type"]: c["status"] for c in (node or {}).get("status", {}).get("conditions", [])}
             return conds.get("Ready") == "True"
 
-        wait_until(f"node {NODE} Ready", ready, timeout)
+        wait_until(f"node {self.name} Ready", ready, timeout)
 
     # --- use ------------------------------------------------------------------------
 
-    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 120) -> str:
-        out = self.sandbox.run([str(self.bin / "kubectl"), *args], stdin=stdin, check=check, timeout=timeout,
-                               env=self.env)  # fmt: skip
-        return out.stdout.strip() if out.returncode == 0 else ""
+    def get(self) -> Any:
+        """The Node object."""
+        return self.cluster.get_json("node", self.name)
 
-    def get_json(self, *args: str, check: bool = True) -> Any:
-        text = self.kubectl("get", *args, "-o", "json", check=check)
-        return json.loads(text) if text else None
+    def label(self, labels: Mapping[str, str | None]) -> None:
+        """Set the node's labels (a pool, say); None removes one."""
+        args = [f"{k}-" if v is None else f"{k}={v}" for k, v in labels.items()]
+        self.cluster.kubectl("label", "node", self.name, "--overwrite", *args)
 
-    def apply(self, manifest: dict[str, Any]) -> None:
-        self.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
-
-    def version(self) -> str:
-        info = json.loads(self.kubectl("version", "-o", "json"))
-        return str(info["serverVersion"]["gitVersion"])
-
-    def node_resource(self, field: str, resource: str) -> str | None:
-        """``status.capacity`` or ``status.allocatable`` of ``resource`` on the node (None: absent)."""
-        node = self.get_json("node", NODE)
-        value: str | None = node["status"].get(field, {}).get(resource)
+    def resource(self, field: str, resource: str) -> str | None:
+        """``status.capacity`` or ``status.allocatable`` of ``resource`` (None: absent)."""
+        value: str | None = self.get()["status"].get(field, {}).get(resource)
         return value
 
-    def wait_node_resource(self, resource: str, value: str, timeout: float = 120, field: str = "allocatable") -> float:
+    def wait_resource(self, resource: str, value: str, timeout: float = 120, field: str = "allocatable") -> float:
         """Wait until the node's ``field`` of ``resource`` reads ``value``; seconds it took.
         The kubelet publishes node status every 10 s (nodeStatusUpdateFrequency), so this
         can lag the plugin's registration, and the plugin pod's Ready, by that much."""
         start = time.monotonic()
         wait_until(
-            f"node {field} {resource}={value}",
-            lambda: self.node_resource(field, resource) == value or None,
+            f"node {self.name} {field} {resource}={value}",
+            lambda: self.resource(field, resource) == value or None,
             timeout,
         )
         return time.monotonic() - start
 
-    # --- teardown -------------------------------------------------------------------
-
-    def close(self) -> None:
-        """Stop the kubelet first (no pod restarted behind our back), then everything with
-        the sandbox, then remove this cluster's cgroups."""
-        with contextlib.suppress(Exception):
-            if self.kubelet is not None:
-                self.stop_kubelet()
-        self.sandbox.close()
-        self.remove_cgroups()
-
-    @classmethod
-    def remove_stale_cgroups(cls) -> None:
-        """Cgroups of a run that was killed (SIGKILL leaves no time to clean up): its
-        processes died with its sandbox, its empty cgroups stay until removed here."""
-        for top in {p.name for h in cls._hierarchies() for p in h.glob("ate-e2e-*")}:
-            pid = top.removeprefix("ate-e2e-").split("-")[0]
-            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-                cls.remove_cgroup_tree(f"/{top}", timeout=10)
-
     def remove_cgroups(self, timeout: float = 60) -> None:
-        """rmdir every cgroup under this cluster's root, deepest first (their processes are
-        gone with the sandbox; a cgroup may stay busy for a moment after)."""
-        self.remove_cgroup_tree(self.cgroup_root, timeout)
-
-    @classmethod
-    def remove_cgroup_tree(cls, root: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        for hierarchy in cls._hierarchies():
-            top = hierarchy / root.lstrip("/")
-            if not top.exists():
-                continue
-            dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
-            for d in [*dirs, top]:
-                while True:
-                    try:
-                        d.rmdir()
-                        break
-                    except FileNotFoundError:
-                        break
-                    except OSError:
-                        if time.monotonic() >= deadline:
-                            raise
-                        time.sleep(0.2)
+        remove_cgroup_tree(self.cgroup_root, timeout)

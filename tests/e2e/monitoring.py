@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from tests.e2e.cluster import Cluster
+from tests.e2e.cluster import Cluster, Node
 from tests.e2e.sandbox import Process
 from tests.e2e.userpath import CHART, NAMESPACE, RELEASE
 from tests.harness.prometheus import Prometheus, PrometheusConfig
@@ -216,6 +216,29 @@ class SandboxPrometheus(Prometheus):
 
     def api(self, path: str, params: Mapping[str, str] | None = None) -> Any:
         return self.cluster.sandbox.in_netns(super().api, path, params)
+
+
+@contextlib.contextmanager
+def scraping(cluster: Cluster, helm_binary: str, rule_files: Sequence[Path] = ()) -> Iterator[SandboxPrometheus]:
+    """A Prometheus in ``cluster``'s sandbox scraping what the chart's ServiceMonitor selects
+    (on every node), with ``rule_files`` loaded, until the block ends. Started after the
+    chart is installed: the discovery serves the release's namespace."""
+    monitor = rendered_service_monitor(helm_binary)
+    discovery = EndpointsDiscovery(cluster, monitor["spec"]["namespaceSelector"]["matchNames"][0])
+    discovery.start()
+    prom = SandboxPrometheus(cluster, ServiceMonitorConfig(monitor, discovery.url, rule_files=rule_files))
+    try:
+        prom.start()
+        yield prom
+    finally:
+        prom.stop()
+        discovery.stop()
+
+
+def dashboard_values(node: Node, resource: str = "ate.dev/kvm") -> dict[str, str]:
+    """The dashboards' variables, as Grafana fills them for ``node`` and ``resource``."""
+    return {"$__rate_interval": "1m", "$__range": "1h", "$cluster": "", "$job": "ate-devplugin", "$node": node.name,
+            "$instance": ".+", "$resource": resource.replace(".", "\\\\.")}  # fmt: skip
 
 
 def dashboard_queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str, bool]]:

@@ -1,16 +1,23 @@
-"""A real OCI registry inside the sandbox, serving under the name the documentation uses.
+"""A real OCI registry inside a cluster's sandbox, serving under the name the documentation uses.
 
 Debian's ``docker-registry`` (the distribution registry, which also stores Helm charts as
-OCI artifacts) runs in the sandbox's namespaces and serves HTTPS on port 443 with a
-certificate of its own CA for :data:`HOST` (``ghcr.io``, the project's published
-registry). In the sandbox's mount namespace ``/etc/hosts`` gets ``HOST`` pointing at the
-registry, so the commands the documentation prints run there as they are: helm finds the
-chart at ``oci://ghcr.io/ate-dev/charts/ate-devplugin`` and containerd pulls the image the
-chart names by default. Nothing outside the sandbox sees either name or certificate:
+OCI artifacts) serves HTTPS on port 443 with a certificate of its own CA for :data:`HOST`
+(``ghcr.io``, the project's published registry) and its address. The API server holds
+port 443 on every address of the sandbox, so the registry runs in mount and network
+namespaces of its own on the nodes' bridge, at :data:`ADDRESS`, where the sandbox and
+every node reach it. The commands the documentation prints then run as they are: helm
+finds the chart at ``oci://ghcr.io/ate-dev/charts/ate-devplugin`` and every node's
+containerd pulls the image the chart names by default. Nothing outside the sandbox sees
+either name or certificate:
 
-* containerd trusts the CA through ``hosts.toml`` in its ``config_path`` directory
-  (:meth:`Registry.configure_containerd`);
-* helm, buildah (Go programs) trust it through ``SSL_CERT_FILE`` (:meth:`Registry.client_env`);
+* ``HOST`` resolves to the address in the sandbox and on every node: a line of the
+  cluster's ``/etc/hosts`` (:meth:`Cluster.set_host`), bind-mounted in each of their mount
+  namespaces;
+* every node's containerd pulls from ``https://ghcr.io`` and trusts the CA through
+  ``ghcr.io/hosts.toml`` in the cluster's registry ``config_path``
+  (:attr:`Cluster.registry_config_dir`), as a user's node would name a registry;
+* helm and buildah (Go programs) trust the CA through ``SSL_CERT_FILE``
+  (:meth:`Registry.client_env`);
 * :meth:`Registry.run_outside` runs a command with the host's mounts (its image storage,
   the checkout) but the sandbox's network and a private ``/etc/hosts``: how
   tools/release.sh pushes the image built on the host.
@@ -18,31 +25,59 @@ chart names by default. Nothing outside the sandbox sees either name or certific
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from tests.e2e.sandbox import Process, Sandbox, SandboxError
+import pytest
+
+from tests.e2e.cluster import Cluster
+from tests.e2e.clusters import required
+from tests.e2e.sandbox import NodeNamespaces, Process, SandboxError
 
 HOST = "ghcr.io"
-ADDRESS = "127.0.0.1"  # in the sandbox's network namespace, where containerd and helm run
+ADDRESS = "10.88.0.2"  # on the nodes' bridge (tests/e2e/cluster.py), below the nodes' addresses
 INSTALL = "apt-get install -y docker-registry"
+VETH = "e2e-veth-reg"  # its end on the nodes' bridge
+
+
+@contextlib.contextmanager
+def serving(cluster: Cluster, workdir: Path) -> Iterator[Registry]:
+    """A :class:`Registry` of ``cluster`` under ``workdir``, started, and stopped after. Without
+    docker-registry the test is skipped (failed under ``CI=true`` or ``E2E_REQUIRED=1``)."""
+    if shutil.which("docker-registry") is None:
+        why = f"no docker-registry: {INSTALL} (or tools/setup.sh test)"
+        if required():
+            pytest.fail(f"{why} (CI=true or E2E_REQUIRED=1)")
+        pytest.skip(why)
+    registry = Registry(cluster, workdir)
+    try:
+        registry.start()
+        yield registry
+    finally:
+        registry.stop()
 
 
 class Registry:
-    """The registry process, its CA and data under ``workdir``; :meth:`start`, :meth:`stop`."""
+    """The registry process, its namespaces, its CA and data under ``workdir``; :meth:`start`,
+    :meth:`stop`."""
 
-    def __init__(self, sandbox: Sandbox, workdir: Path, host: str = HOST, address: str = ADDRESS) -> None:
-        self.sandbox = sandbox
+    def __init__(self, cluster: Cluster, workdir: Path, host: str = HOST, address: str = ADDRESS) -> None:
+        self.cluster = cluster
+        self.sandbox = cluster.sandbox
         self.dir = workdir
         self.host = host
         self.address = address
         self.ca = workdir / "ca.crt"
-        self.hosts_file = workdir / "hosts"
+        self.hosts_toml = cluster.registry_config_dir / host / "hosts.toml"
+        self.ns: NodeNamespaces | None = None
         self.process: Process | None = None
+        self.named = False
 
     def start(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -52,26 +87,41 @@ class Registry:
             "version": 0.1,
             "log": {"level": "info"},
             "storage": {"filesystem": {"rootdirectory": str(self.dir / "data")}, "delete": {"enabled": True}},
-            "http": {"addr": "0.0.0.0:443", "tls": {"certificate": str(self.dir / "tls.crt"),
-                                                    "key": str(self.dir / "tls.key")}},
+            "http": {"addr": f"{self.address}:443", "tls": {"certificate": str(self.dir / "tls.crt"),
+                                                           "key": str(self.dir / "tls.key")}},
         }  # fmt: skip
         config.write_text(json.dumps(settings))  # YAML is a superset of JSON
-        original = self.sandbox.run(["cat", "/etc/hosts"]).stdout
-        self.hosts_file.write_text(f"{original.rstrip()}\n{self.address} {self.host}\n")
-        self.sandbox.run(["mount", "--bind", str(self.hosts_file), "/etc/hosts"])
-        self.process = self.sandbox.spawn("docker-registry", ["docker-registry", "serve", str(config)])
+        self.ns = self.sandbox.node("registry")
+        self.cluster.attach(self.ns, VETH, self.address)
+        self.cluster.set_host(self.host, self.address)
+        self.named = True
+        self.process = self.ns.spawn("docker-registry", ["docker-registry", "serve", str(config)])
         deadline = time.monotonic() + 60
         while self.sandbox.run(self.curl(f"https://{self.host}/v2/"), check=False).returncode != 0:
             if not self.process.running() or time.monotonic() > deadline:
                 raise SandboxError(f"the registry did not answer: {self.process.log_tail()}")
             time.sleep(0.3)
+        self._configure_containerd()
 
     def stop(self) -> None:
+        """Everything :meth:`start` made, in reverse: containerd's entry, the process, the
+        name, the namespaces (their veth goes with them)."""
+        if self.hosts_toml.exists():
+            self.hosts_toml.unlink()
+            self.hosts_toml.parent.rmdir()
         if self.process is not None:
             self.process.stop()
             self.sandbox.processes.remove(self.process)
             self.process = None
-            self.sandbox.run(["umount", "/etc/hosts"], check=False)
+        if self.named:
+            self.cluster.set_host(self.host, None)
+            self.named = False
+        if self.ns is not None:
+            # Deleted here, not left to the namespace's end (the kernel frees a network
+            # namespace later): the next registry of the cluster takes the same name.
+            self.sandbox.run(["ip", "link", "del", VETH], check=False)
+            self.ns.close()
+            self.ns = None
 
     def _certificates(self) -> None:
         """A CA of its own (EC P-256) and a serving certificate for the host and its address."""
@@ -90,6 +140,18 @@ class Registry:
         openssl("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
                 "-days", "2", "-sha256", "-extfile", "tls.ext", "-out", "tls.crt")  # fmt: skip
 
+    def _configure_containerd(self) -> None:
+        """``<host>/hosts.toml`` in every node's ``config_path``: pulls of ``HOST`` go to it by
+        name (each node resolves it) and trust its CA. The CRI plugin reads it on every pull,
+        so no containerd needs a restart."""
+        self.hosts_toml.parent.mkdir(parents=True, exist_ok=True)
+        self.hosts_toml.write_text(
+            f'server = "https://{self.host}"\n\n'
+            f'[host."https://{self.host}"]\n'
+            '  capabilities = ["pull", "resolve"]\n'
+            f'  ca = "{self.ca}"\n'
+        )
+
     # --- clients --------------------------------------------------------------------------
 
     def curl(self, url: str, *args: str) -> list[str]:
@@ -98,18 +160,6 @@ class Registry:
     def client_env(self) -> dict[str, str]:
         """What Go clients (helm, buildah) need to trust the registry: its CA as their roots."""
         return {"SSL_CERT_FILE": str(self.ca)}
-
-    def configure_containerd(self, config_path: Path) -> None:
-        """The registry in containerd's ``config_path`` directory (``<host>/hosts.toml``): the
-        CRI plugin reads it on every pull, so a running containerd needs no restart."""
-        host_dir = config_path / self.host
-        host_dir.mkdir(parents=True, exist_ok=True)
-        (host_dir / "hosts.toml").write_text(
-            f'server = "https://{self.host}"\n\n'
-            f'[host."https://{self.host}"]\n'
-            '  capabilities = ["pull", "resolve"]\n'
-            f'  ca = "{self.ca}"\n'
-        )
 
     def manifest_digest(self, repository: str, reference: str) -> str:
         """The digest the registry serves for ``repository:reference`` (an image manifest)."""
@@ -135,7 +185,8 @@ class Registry:
         script = 'mount --bind "$0" /etc/hosts && exec "$@"'
         out = subprocess.run(
             ["nsenter", "-t", str(self.sandbox.init_pid), "-n", "--",
-             "unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(self.hosts_file), *argv],
+             "unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(self.cluster.hosts_file),
+             *argv],
             capture_output=True, text=True, timeout=timeout, check=False,
             env={**os.environ, **self.client_env(), **(env or {})},
         )  # fmt: skip

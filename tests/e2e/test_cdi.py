@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.cluster import CDI_SPEC_DIR, NODE, Cluster, wait_until
+from tests.e2e.cluster import CDI_SPEC_DIR, Cluster, wait_until
 from tests.e2e.userpath import (
+    KVM_API_VERSION,
     NAMESPACE,
     RELEASE,
     RESOURCE,
@@ -30,14 +31,13 @@ from tests.e2e.userpath import (
     wait_plugin_ready,
 )
 
-KVM_API_VERSION = 12
 SPEC_FILE = f"{CDI_SPEC_DIR}/ate.dev-kvm.json"
 CDI_RESOURCES = [{"name": RESOURCE, "devices": ["/dev/kvm"], "allocate": "cdi", "cdi": {"file_mode": "0666"}}]
 
 
 def node_spec(cluster: Cluster) -> dict[str, Any] | None:
-    """The CDI spec file on the node (in the sandbox, where containerd reads it), or None."""
-    out = cluster.sandbox.run(["cat", SPEC_FILE], check=False)
+    """The CDI spec file on the node (in its mount namespace, where containerd reads it), or None."""
+    out = cluster.node.run(["cat", SPEC_FILE], check=False)
     return json.loads(out.stdout) if out.returncode == 0 else None
 
 
@@ -52,15 +52,15 @@ def installed(cluster_containerd2: Cluster, helm_containerd2: Helm) -> Iterator[
 
 
 def test_the_node_runs_containerd_2_without_device_ownership(cluster_containerd2: Cluster) -> None:
-    node = cluster_containerd2.get_json("node", NODE)
-    assert node["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://2.4.2")
-    config = (cluster_containerd2.dir / "containerd" / "config.toml").read_text()
+    node = cluster_containerd2.node
+    assert node.get()["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://2.4.2")
+    config = (node.dir / "containerd" / "config.toml").read_text()
     assert "device_ownership_from_security_context = false" in config
 
 
 def test_the_daemon_writes_the_spec_into_the_nodes_cdi_dir(cluster_containerd2: Cluster, installed: None) -> None:
     pod = wait_plugin_ready(cluster_containerd2)
-    cluster_containerd2.wait_node_resource(RESOURCE, "4096")
+    cluster_containerd2.node.wait_resource(RESOURCE, "4096")
     spec = wait_until("the CDI spec on the node", lambda: node_spec(cluster_containerd2), 60)
     print(f"{SPEC_FILE} on the node: {json.dumps(spec)}")
     assert spec["kind"] == RESOURCE
@@ -104,7 +104,7 @@ def test_helm_uninstall_removes_the_spec(cluster_containerd2: Cluster, helm_cont
     assert node_spec(cluster_containerd2) is not None
     helm_containerd2.uninstall()
     wait_until("the CDI spec removed", lambda: node_spec(cluster_containerd2) is None, 120)
-    assert cluster_containerd2.sandbox.run(["ls", "-A", CDI_SPEC_DIR]).stdout.strip() == ""
+    assert cluster_containerd2.node.run(["ls", "-A", CDI_SPEC_DIR]).stdout.strip() == ""
 
 
 def test_both_keeps_a_runtime_without_cdi_working(cluster: Cluster, helm: Helm) -> None:
@@ -115,7 +115,7 @@ def test_both_keeps_a_runtime_without_cdi_working(cluster: Cluster, helm: Helm) 
     helm.install("--set-json", f"deviceConfig.resources={json.dumps(both)}")
     try:
         wait_plugin_ready(cluster)
-        cluster.wait_node_resource(RESOURCE, "4096")
+        cluster.node.wait_resource(RESOURCE, "4096")
         assert node_spec(cluster) is not None  # written; this runtime does not read it
         result = run_consumer(cluster, consumer_pod("both-kvm"))
         print(f"non-root pod on containerd 1.6 with allocate both: {result}")
@@ -124,5 +124,5 @@ def test_both_keeps_a_runtime_without_cdi_working(cluster: Cluster, helm: Helm) 
     finally:
         helm.uninstall()
     # As the user's path expects the node: no plugin, nothing allocatable.
-    cluster.wait_node_resource(RESOURCE, "0")
+    cluster.node.wait_resource(RESOURCE, "0")
     wait_until("the CDI spec removed", lambda: node_spec(cluster) is None, 120)

@@ -23,16 +23,10 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.cluster import API_PORT_ON_BRIDGE, CDI_SPEC_DIR, NODE, NODE_IP, Cluster, ClusterError, wait_until
-from tests.e2e.monitoring import (
-    EndpointsDiscovery,
-    SandboxPrometheus,
-    ServiceMonitorConfig,
-    dashboard_queries,
-    fill,
-    rendered_service_monitor,
-)
+from tests.e2e.cluster import CDI_SPEC_DIR, NODE, Cluster, ClusterError, wait_until
+from tests.e2e.monitoring import SandboxPrometheus, dashboard_queries, dashboard_values, fill, scraping
 from tests.e2e.userpath import (
+    KVM_API_VERSION,
     NAMESPACE,
     RELEASE,
     RESOURCE,
@@ -50,7 +44,6 @@ from tests.harness.monitoring import reads_dra
 
 REPO = Path(__file__).resolve().parents[2]
 
-KVM_API_VERSION = 12
 DRIVER = "ate.dev"
 DEVICE_CLASS = "kvm.ate.dev"
 SLOTS = 4
@@ -58,11 +51,6 @@ SPEC_FILE = f"{CDI_SPEC_DIR}/ate.dev-kvm.json"
 REGISTRATION_SOCKET = f"/var/lib/kubelet/plugins_registry/{DRIVER}-reg.sock"
 DRA_SOCKET = f"/var/lib/kubelet/plugins/{DRIVER}/dra.sock"
 RESOURCES = [{"name": RESOURCE, "devices": ["/dev/kvm"], "cdi": {"file_mode": "0666"}}]
-# No kube-proxy in this cluster: the daemon reaches the API server on the node's bridge address.
-API_ENV = [
-    {"name": "KUBERNETES_SERVICE_HOST", "value": NODE_IP},
-    {"name": "KUBERNETES_SERVICE_PORT", "value": str(API_PORT_ON_BRIDGE)},
-]
 CLAIM_TEMPLATE = {
     "apiVersion": "resource.k8s.io/v1",
     "kind": "ResourceClaimTemplate",
@@ -97,7 +85,7 @@ def slice_devices(cluster: Cluster) -> list[str]:
 
 
 def exists_on_node(cluster: Cluster, path: str) -> bool:
-    return cluster.sandbox.run(["test", "-e", path], check=False).returncode == 0
+    return cluster.node.run(["test", "-e", path], check=False).returncode == 0
 
 
 def plugin_metrics(cluster: Cluster) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -109,7 +97,6 @@ def installed(cluster_containerd2: Cluster, helm_containerd2: Helm) -> Iterator[
     helm_containerd2.install(
         "--set", "dra.mode=dra", "--set", f"dra.slots={SLOTS}",
         "--set-json", f"deviceConfig.resources={json.dumps(RESOURCES)}",
-        "--set-json", f"daemon.extraEnv={json.dumps(API_ENV)}",
     )  # fmt: skip
     ensure_workload_namespace(cluster_containerd2)
     cluster_containerd2.apply(CLAIM_TEMPLATE)
@@ -122,24 +109,14 @@ def installed(cluster_containerd2: Cluster, helm_containerd2: Helm) -> Iterator[
 
 @pytest.fixture(scope="module")
 def prometheus(cluster_containerd2: Cluster, helm_containerd2: Helm, installed: None) -> Iterator[SandboxPrometheus]:
-    monitor = rendered_service_monitor(str(helm_containerd2.path))
-    discovery = EndpointsDiscovery(cluster_containerd2, monitor["spec"]["namespaceSelector"]["matchNames"][0])
-    discovery.start()
-    prom = SandboxPrometheus(cluster_containerd2, ServiceMonitorConfig(monitor, discovery.url))
-    try:
-        prom.start()
+    with scraping(cluster_containerd2, str(helm_containerd2.path)) as prom:
         yield prom
-    finally:
-        prom.stop()
-        discovery.stop()
 
 
 def dra_panel_results(prometheus: SandboxPrometheus) -> dict[str, list[float]]:
     """Each dashboard query that reads the DRA series, over the time Prometheus has run (as a
     panel draws it): {where: its finite values}."""
-    values = {"$__rate_interval": "1m", "$__range": "1h", "$cluster": "", "$job": "ate-devplugin", "$node": NODE,
-              "$instance": ".+",
-              "$resource": RESOURCE.replace(".", "\\\\.")}  # fmt: skip
+    values = dashboard_values(prometheus.cluster.node)
     end = time.time()
     found = {}
     for path in sorted((REPO / "dashboards").glob("*.json")):
@@ -211,7 +188,7 @@ def test_the_node_falls_back_to_its_kvm_slots(cluster_containerd2: Cluster, inst
     assert item["spec"]["pool"]["generation"] == 2
     # DRA only: no unit of the extended resource on the node (a device plugin that ran
     # before, e.g. test_cdi.py's, leaves the kubelet listing it at 0).
-    assert cluster_containerd2.node_resource("allocatable", RESOURCE) in (None, "0")
+    assert cluster_containerd2.node.resource("allocatable", RESOURCE) in (None, "0")
     assert exists_on_node(cluster_containerd2, SPEC_FILE)
 
 
@@ -304,9 +281,10 @@ def test_two_pods_hold_kvm_at_once_the_dra_panels_show_them_and_deleting_them_un
 
 def test_a_kubelet_restart_keeps_it_working(cluster_containerd2: Cluster, installed: None) -> None:
     created = {s["metadata"]["uid"] for s in slices(cluster_containerd2)}
-    cluster_containerd2.stop_kubelet()
-    cluster_containerd2.start_kubelet()
-    cluster_containerd2.wait_node_ready()
+    node = cluster_containerd2.node
+    node.stop_kubelet()
+    node.start_kubelet()
+    node.wait_ready()
     # The new kubelet deletes every slice of its node; the driver writes them again.
     started = time.monotonic()
     wait_until(

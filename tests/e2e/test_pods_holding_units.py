@@ -26,14 +26,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.cluster import NODE, Cluster, wait_until
-from tests.e2e.monitoring import (
-    EndpointsDiscovery,
-    SandboxPrometheus,
-    ServiceMonitorConfig,
-    dashboard_queries,
-    fill,
-    rendered_service_monitor,
-)
+from tests.e2e.monitoring import SandboxPrometheus, dashboard_queries, dashboard_values, fill, scraping
 from tests.e2e.userpath import (
     NAMESPACE,
     RESOURCE,
@@ -49,7 +42,7 @@ from tests.e2e.userpath import (
 from tests.harness.monitoring import ALERTS_FILE, reads_pod_resources
 
 REPO = Path(__file__).resolve().parents[2]
-PRIVATE_DEV = "/run/ate-e2e-pods-dev"  # in the sandbox's tmpfs: the host's /dev is never touched
+PRIVATE_DEV = "/run/ate-e2e-pods-dev"  # in the node's tmpfs: the host's /dev is never touched
 KVM = f"{PRIVATE_DEV}/kvm"
 INTERVAL_S = 15  # podResources.interval: how long a deleted pod's series may stay
 ALERT = "AteDevpluginPodsOnUnhealthyDevice"
@@ -57,9 +50,9 @@ ALERT = "AteDevpluginPodsOnUnhealthyDevice"
 
 @pytest.fixture(scope="module")
 def release(cluster: Cluster, helm: Helm) -> Iterator[None]:
-    """The chart with PodResources on, watching a device directory of the sandbox's own, so
+    """The chart with PodResources on, watching a device directory of the node's own, so
     the device node can be removed; uninstalled at the end."""
-    cluster.sandbox.run(["sh", "-ec", f"mkdir -p {PRIVATE_DEV}; mknod -m 0666 {KVM} c 10 232"])
+    cluster.node.run(["sh", "-ec", f"mkdir -p {PRIVATE_DEV}; mknod -m 0666 {KVM} c 10 232"])
     try:
         helm.install(
             "--set", f"hostPaths.dev={PRIVATE_DEV}", "--set", "podResources.enabled=true",
@@ -70,21 +63,13 @@ def release(cluster: Cluster, helm: Helm) -> Iterator[None]:
         if helm.run("status", "ate-devplugin", "-n", NAMESPACE, check=False).returncode == 0:
             helm.uninstall()
         wait_until("the plugin pod gone", lambda: not cluster.get_json("pods", "-n", NAMESPACE)["items"], 120)
-        cluster.sandbox.run(["rm", "-rf", PRIVATE_DEV])
+        cluster.node.run(["rm", "-rf", PRIVATE_DEV])
 
 
 @pytest.fixture(scope="module")
 def prometheus(cluster: Cluster, release: None, helm: Helm) -> Iterator[SandboxPrometheus]:
-    monitor = rendered_service_monitor(str(helm.path))
-    discovery = EndpointsDiscovery(cluster, monitor["spec"]["namespaceSelector"]["matchNames"][0])
-    discovery.start()
-    prom = SandboxPrometheus(cluster, ServiceMonitorConfig(monitor, discovery.url, rule_files=[ALERTS_FILE]))
-    try:
-        prom.start()
+    with scraping(cluster, str(helm.path), rule_files=[ALERTS_FILE]) as prom:
         yield prom
-    finally:
-        prom.stop()
-        discovery.stop()
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +82,7 @@ def holder(cluster: Cluster, release: None) -> Iterator[dict[str, str]]:
     container["command"] = ["python3", "-c", "import time\nwhile True: time.sleep(3600)"]
     ensure_workload_namespace(cluster)
     wait_plugin_ready(cluster)
-    cluster.wait_node_resource(RESOURCE, "4096")
+    cluster.node.wait_resource(RESOURCE, "4096")
     cluster.apply(pod)
     name = pod["metadata"]["name"]
     try:
@@ -126,9 +111,7 @@ def selector(holder: dict[str, str]) -> str:
 
 def panel_results(prometheus: SandboxPrometheus) -> dict[str, list[Any]]:
     """Each dashboard query that reads the pod series, run now: {where: samples}."""
-    values = {"$__rate_interval": "1m", "$__range": "1h", "$cluster": "", "$job": "ate-devplugin", "$node": NODE,
-              "$instance": ".+",
-              "$resource": RESOURCE.replace(".", "\\\\.")}  # fmt: skip
+    values = dashboard_values(prometheus.cluster.node)
     found = {}
     for path in sorted((REPO / "dashboards").glob("*.json")):
         for where, expr, _ in dashboard_queries(json.loads(path.read_text())):
@@ -177,9 +160,9 @@ def test_a_lost_device_counts_the_pod_names_it_and_fires_the_alert(
     cluster: Cluster, prometheus: SandboxPrometheus, holder: dict[str, str]
 ) -> None:
     wait_until("the holder in the plugin's metrics", lambda: units_of(cluster, holder) == 1, 120)
-    cluster.sandbox.run(["rm", KVM])
+    cluster.node.run(["rm", KVM])
     try:
-        cluster.wait_node_resource(RESOURCE, "0")
+        cluster.node.wait_resource(RESOURCE, "0")
         wait_until(
             "the holder counted on a lost device",
             lambda: (
@@ -213,8 +196,8 @@ def test_a_lost_device_counts_the_pod_names_it_and_fires_the_alert(
         assert series.value == 1, "the fleet panel's query counts the pod"
         print(f"fleet panel 'Pods on nodes whose device is gone': {series.labels} = {series.value}")
     finally:
-        cluster.sandbox.run(["mknod", "-m", "0666", KVM, "c", "10", "232"])
-    cluster.wait_node_resource(RESOURCE, "4096")
+        cluster.node.run(["mknod", "-m", "0666", KVM, "c", "10", "232"])
+    cluster.node.wait_resource(RESOURCE, "4096")
     wait_until(
         "no pod counted on a lost device",
         lambda: sample(plugin_metrics(cluster), "ate_devplugin_pods_on_unhealthy_device", resource_name=RESOURCE) == 0,

@@ -1,15 +1,23 @@
-"""The user's path on a real one-node cluster: the release published by tools/release.sh
-to a real OCI registry, ``helm install`` of it with the very commands chart/README.md
-prints, the node pulling the image from the registry, a pod that opens /dev/kvm without
-privilege, a kubelet restart, a plugin pod replaced, ``helm upgrade``, ``helm uninstall``,
-and a real Prometheus scraping the plugin through service discovery.
+"""The user's path on a real cluster: the release published by tools/release.sh to a real
+OCI registry, ``helm install`` of it with the very commands chart/README.md prints, the
+nodes pulling the image from the registry, a pod that opens /dev/kvm without privilege, a
+kubelet restart, a plugin pod replaced, ``helm upgrade``, ``helm uninstall``, and a real
+Prometheus scraping the plugin through service discovery.
 
-The tests run in file order and share one release (installed with helm v3 by the first
-test, removed by the uninstall test); helm v4 installs and uninstalls it once more at the
-end. Every install and upgrade names the published chart, and none sets an image: the
-chart's default, ``ghcr.io/ate-dev/ate-devplugin:<version>``, is what the node pulls
-(tests/e2e/registry.py serves that name inside the sandbox). Each test asserts what the
-user would check with kubectl, curl and Prometheus.
+It runs on two clusters (the ``user_cluster`` parameter): Kubernetes 1.35 with one node on
+Debian's containerd 1.6, every test; and 1.37 with two nodes on containerd 2, the tests
+marked ``every_release``: what the kubelet and the API server of a release decide. The
+chart's own checks, the runtime's settings and the dashboards run once, on 1.35. On two
+nodes the DaemonSet runs on both and every node is checked; a disruptive scenario acts on
+the last node, and the first one is checked to go on undisturbed.
+
+Each cluster gets a registry of its own (tests/e2e/registry.py serves ``ghcr.io`` in its
+sandbox) and the release published there. The tests of each cluster run in file order and
+share one release (installed with helm v3 by the first test, removed by the uninstall
+test); helm v4 installs and uninstalls it once more at the end. Every install and upgrade
+names the published chart, and none sets an image: the chart's default,
+``ghcr.io/ate-dev/ate-devplugin:<version>``, is what every node pulls. Each test asserts
+what the user would check with kubectl, curl and Prometheus.
 
 The node's allocatable lags the plugin pod's Ready by up to the kubelet's node status
 period (10 s by default): every test waits on allocatable itself, never on Ready alone.
@@ -30,18 +38,23 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.cluster import API, API_PORT_ON_BRIDGE, NODE, NODE_IP, Cluster, wait_until
-from tests.e2e.monitoring import (
-    EndpointsDiscovery,
-    SandboxPrometheus,
-    ServiceMonitorConfig,
-    dashboard_queries,
-    fill,
-    rendered_service_monitor,
+from tests.e2e.cluster import (
+    API,
+    API_PORT,
+    API_SERVICE_IP,
+    CONTAINERD2,
+    DEBIAN_CONTAINERD,
+    GATEWAY,
+    Cluster,
+    Node,
+    wait_until,
 )
-from tests.e2e.registry import Registry
+from tests.e2e.clusters import Clusters
+from tests.e2e.monitoring import SandboxPrometheus, dashboard_queries, dashboard_values, fill, scraping
+from tests.e2e.registry import Registry, serving
 from tests.e2e.userpath import (
     CHART,
+    KVM_API_VERSION,
     NAMESPACE,
     RELEASE,
     RESOURCE,
@@ -49,6 +62,7 @@ from tests.e2e.userpath import (
     consumer_pod,
     is_ready,
     kvm_rule,
+    make_helm,
     metrics,
     plugin_pods,
     run_consumer,
@@ -61,7 +75,6 @@ from tests.harness.image import BuiltImage, buildah
 from tests.harness.monitoring import reads_dra, reads_pod_resources
 
 REPO = Path(__file__).resolve().parents[2]
-KVM_API_VERSION = 12  # what KVM_GET_API_VERSION has returned since Linux 2.6.22
 TUN = "ate.dev/tun"
 #: A group for the device node of scenario 3b (kvm's fixed GID on Fedora and RHEL).
 KVM_GID = 36
@@ -70,9 +83,42 @@ VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
 PUBLISHED_CHART = "oci://ghcr.io/ate-dev/charts/ate-devplugin"
 IMAGE_REPOSITORY = "ate-dev/ate-devplugin"
 PUBLISHED_IMAGE = f"ghcr.io/{IMAGE_REPOSITORY}:{VERSION}"
+#: The clusters the path runs on: (release, runtime, nodes).
+USER_CLUSTERS = {"k8s1.35": ("1.35", DEBIAN_CONTAINERD, 1), "k8s1.37-2nodes": ("1.37", CONTAINERD2, 2)}
+every_release = pytest.mark.every_release
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "user_cluster" in metafunc.fixturenames:
+        kinds = list(USER_CLUSTERS) if metafunc.definition.get_closest_marker("every_release") else ["k8s1.35"]
+        metafunc.parametrize("user_cluster", kinds, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
+def user_cluster(request: pytest.FixtureRequest, clusters: Clusters) -> Iterator[Cluster]:
+    """The cluster of this parameter. On /dev/kvm 0600 root:root the README's non-root pod
+    needs containerd's device ownership: turned on where the cluster has it off
+    (containerd 2), for this module only."""
+    cluster = clusters.get(*USER_CLUSTERS[request.param])
+    changed = [node for node in cluster.nodes if not node.device_ownership]
+    for node in changed:
+        node.restart_containerd(device_ownership=True)
+    try:
+        yield cluster
+    finally:
+        for node in changed:
+            node.restart_containerd(device_ownership=False)
 
 
 # --- 0. the release, published as tools/release.sh publishes it ------------------------------
+
+
+@pytest.fixture(scope="module")
+def registry(user_cluster: Cluster) -> Iterator[Registry]:
+    """The OCI registry of tests/e2e/registry.py in the cluster's sandbox, known to every
+    node's containerd, for this cluster's part of the module."""
+    with serving(user_cluster, user_cluster.dir / "registry") as registry:
+        yield registry
 
 
 def release(cluster: Cluster, registry: Registry, image: BuiltImage, path: str) -> str:
@@ -83,10 +129,11 @@ def release(cluster: Cluster, registry: Registry, image: BuiltImage, path: str) 
     assert helm_v3 is not None
     home = cluster.dir / "release-helm"
     name = f"{path}/ate-devplugin:{VERSION}"
-    # The session's image with one label more, so its own image ID: kubelet 1.35
-    # (KubeletEnsureSecretPulledImages) checks pull credentials for every name of an image
-    # ID it has pulled, so a pull of the very image the node has preloaded under
-    # localhost/ate-devplugin:e2e would refuse that name to pods with pullPolicy Never.
+    # The session's image with one label more, so its own image ID: the kubelet
+    # (KubeletEnsureSecretPulledImages, on in 1.35 and 1.37) checks pull credentials for
+    # every name of an image ID it has pulled, so a pull of the very image the node has
+    # preloaded under localhost/ate-devplugin:e2e would refuse that name to pods with
+    # pullPolicy Never.
     container = buildah("from", "--pull-never", image.name).stdout.strip()
     try:
         buildah("config", "--label", f"io.ate-devplugin.e2e.published-as={path}", container)
@@ -105,133 +152,148 @@ def release(cluster: Cluster, registry: Registry, image: BuiltImage, path: str) 
 
 
 @pytest.fixture(scope="module")
-def published(cluster: Cluster, registry: Registry, image: BuiltImage) -> str:
+def published(user_cluster: Cluster, registry: Registry, image: BuiltImage) -> str:
     """The release as the documentation names it: ghcr.io/ate-dev."""
-    out = release(cluster, registry, image, "ghcr.io/ate-dev")
+    out = release(user_cluster, registry, image, "ghcr.io/ate-dev")
     assert registry.tags(IMAGE_REPOSITORY) == [VERSION]
     assert registry.tags("ate-dev/charts/ate-devplugin") == [VERSION]
     assert f"helm install ate-devplugin {PUBLISHED_CHART} --version {VERSION}" in out
     return out
 
 
-@pytest.fixture(scope="module")
-def helm(helm: Helm, registry: Registry, published: str) -> Helm:
-    """helm v3 as the user runs it: the published chart, the chart's default image."""
+def users_helm(major: str, cluster: Cluster, registry: Registry) -> Helm:
+    """helm ``major`` as the user runs it: the published chart, the chart's default image."""
     return dataclasses.replace(
-        helm, chart=(PUBLISHED_CHART, "--version", VERSION), image_values=(), env=registry.client_env()
-    )
+        make_helm(major, cluster), chart=(PUBLISHED_CHART, "--version", VERSION), image_values=(),
+        env=registry.client_env(),
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def helm_v4(helm_v4: Helm, registry: Registry, published: str) -> Helm:
-    return dataclasses.replace(
-        helm_v4, chart=(PUBLISHED_CHART, "--version", VERSION), image_values=(), env=registry.client_env()
-    )
+def user_helm(user_cluster: Cluster, registry: Registry, published: str) -> Helm:
+    return users_helm("v3", user_cluster, registry)
 
 
-def node_images(cluster: Cluster) -> list[str]:
-    return cluster.ctr("images", "ls", "-q").stdout.split()
+def last(cluster: Cluster) -> Node:
+    """The node a disruptive scenario acts on (the second of two)."""
+    return cluster.nodes[-1]
+
+
+def node_images(node: Node) -> list[str]:
+    return node.ctr("images", "ls", "-q").stdout.split()
 
 
 @pytest.fixture(scope="module")
-def installed(cluster: Cluster, helm: Helm) -> Iterator[dict[str, Any]]:
+def installed(user_cluster: Cluster, user_helm: Helm) -> Iterator[dict[str, Any]]:
     """chart/README.md's install command, run as it is with helm v3; uninstalled at the end
     if a test did not do it."""
-    assert not [i for i in node_images(cluster) if i.startswith("ghcr.io/")], "nothing of the release preloaded"
+    for node in user_cluster.nodes:
+        preloaded = [i for i in node_images(node) if i.startswith("ghcr.io/")]
+        assert not preloaded, f"nothing of the release preloaded on {node.name}"
     start = time.monotonic()
-    out = helm.shell(doc_block("install"), cluster.dir)
-    ready = [is_ready(p) for p in plugin_pods(cluster)]
+    out = user_helm.shell(doc_block("install"), user_cluster.dir)
+    ready = [is_ready(p) for p in plugin_pods(user_cluster)]
     record = {"notes": out.stdout, "helm_seconds": time.monotonic() - start, "ready_when_helm_returned": ready}
     try:
         yield record
     finally:
-        if helm.run("status", "ate-devplugin", "-n", NAMESPACE, check=False).returncode == 0:
-            helm.uninstall()
+        if user_helm.run("status", "ate-devplugin", "-n", NAMESPACE, check=False).returncode == 0:
+            user_helm.uninstall()
 
 
 def registered(cluster: Cluster, pod: dict[str, Any], resource: str = RESOURCE) -> float | None:
     return sample(metrics(cluster, pod), "ate_devplugin_registered", resource_name=resource)
 
 
+def only_plugin_pod(cluster: Cluster, node: Node) -> dict[str, Any]:
+    (pod,) = plugin_pods(cluster, node)
+    return pod
+
+
 # --- 1. helm install ---------------------------------------------------------------------
 
 
+@every_release
 def test_helm_install_makes_the_node_offer_kvm(
-    cluster: Cluster, installed: dict[str, Any], helm: Helm, registry: Registry
+    user_cluster: Cluster, installed: dict[str, Any], user_helm: Helm
 ) -> None:
     assert "rollout status daemonset/ate-devplugin" in installed["notes"], "NOTES say what to wait on"
-    verify = helm.shell(doc_block("verify"), cluster.dir)  # the README's check, as printed
+    verify = user_helm.shell(doc_block("verify"), user_cluster.dir)  # the README's check, as printed
     assert "successfully rolled out" in verify.stdout
-    pod = wait_plugin_ready(cluster)
-    lag = cluster.wait_node_resource(RESOURCE, "4096")
-    print(
-        f"helm install returned after {installed['helm_seconds']:.1f}s with plugin pods Ready: "
-        f"{installed['ready_when_helm_returned']}; allocatable 4096 {lag:.1f}s after the rollout"
-    )
-    table = helm.shell(doc_block("verify"), cluster.dir).stdout.splitlines()
-    assert [row.split() for row in table[-2:]] == [["NODE", "KVM"], [NODE, "4096"]], table
-    assert cluster.node_resource("capacity", RESOURCE) == "4096"
-    assert registered(cluster, pod) == 1
-    status, body = cluster.sandbox.http_get(f"http://{pod['status']['podIP']}:9477/readyz")
-    assert status == 200, body
+    for node in user_cluster.nodes:
+        pod = wait_plugin_ready(user_cluster, node)
+        lag = node.wait_resource(RESOURCE, "4096")
+        print(
+            f"{node.name}: helm install returned after {installed['helm_seconds']:.1f}s with plugin pods "
+            f"Ready: {installed['ready_when_helm_returned']}; allocatable 4096 {lag:.1f}s after the rollout"
+        )
+        assert node.resource("capacity", RESOURCE) == "4096"
+        assert registered(user_cluster, pod) == 1
+        status, body = user_cluster.sandbox.http_get(f"http://{pod['status']['podIP']}:9477/readyz")
+        assert status == 200, body
+    table = user_helm.shell(doc_block("verify"), user_cluster.dir).stdout.splitlines()
+    rows = [["NODE", "KVM"], *([n.name, "4096"] for n in user_cluster.nodes)]
+    assert [row.split() for row in table[-len(rows) :]] == rows, table
 
 
-def test_the_node_pulled_the_published_image(cluster: Cluster, installed: dict[str, Any], registry: Registry) -> None:
-    """The chart's default image, pulled by the node's containerd from the registry: the
-    pod runs the very manifest the registry serves under the release's tag."""
-    (pod,) = plugin_pods(cluster)
-    (status,) = pod["status"]["containerStatuses"]
-    assert pod["spec"]["containers"][0]["image"] == PUBLISHED_IMAGE
+@every_release
+def test_the_node_pulled_the_published_image(
+    user_cluster: Cluster, installed: dict[str, Any], registry: Registry
+) -> None:
+    """The chart's default image, pulled by each node's containerd from the registry: every
+    plugin pod runs the very manifest the registry serves under the release's tag."""
     digest = registry.manifest_digest(IMAGE_REPOSITORY, VERSION)
-    assert status["imageID"] == f"ghcr.io/{IMAGE_REPOSITORY}@{digest}", status
-    about = f"involvedObject.name={pod['metadata']['name']}"
-    events = cluster.get_json("events", "-n", NAMESPACE, "--field-selector", about)
-    pulled = [e["message"] for e in events["items"] if e["reason"] == "Pulled"]
-    assert pulled, [e["reason"] for e in events["items"]]
-    assert PUBLISHED_IMAGE in pulled[0]
-    assert "already present" not in pulled[0], pulled
-    assert PUBLISHED_IMAGE in node_images(cluster)
+    for node in user_cluster.nodes:
+        pod = only_plugin_pod(user_cluster, node)
+        (status,) = pod["status"]["containerStatuses"]
+        assert pod["spec"]["containers"][0]["image"] == PUBLISHED_IMAGE
+        assert status["imageID"] == f"ghcr.io/{IMAGE_REPOSITORY}@{digest}", (node.name, status)
+        about = f"involvedObject.name={pod['metadata']['name']}"
+        events = user_cluster.get_json("events", "-n", NAMESPACE, "--field-selector", about)
+        pulled = [e["message"] for e in events["items"] if e["reason"] == "Pulled"]
+        assert pulled, (node.name, [e["reason"] for e in events["items"]])
+        assert PUBLISHED_IMAGE in pulled[0]
+        assert "already present" not in pulled[0], (node.name, pulled)
+        assert PUBLISHED_IMAGE in node_images(node)
 
 
 # --- 7 (started early: it watches the whole path). Prometheus through service discovery --
 
 
 @pytest.fixture(scope="module")
-def prometheus(cluster: Cluster, installed: dict[str, Any], helm: Helm) -> Iterator[SandboxPrometheus]:
-    monitor = rendered_service_monitor(str(helm.path))
-    discovery = EndpointsDiscovery(cluster, monitor["spec"]["namespaceSelector"]["matchNames"][0])
-    discovery.start()
-    prom = SandboxPrometheus(cluster, ServiceMonitorConfig(monitor, discovery.url))
-    try:
-        prom.start()
+def prometheus(user_cluster: Cluster, installed: dict[str, Any], user_helm: Helm) -> Iterator[SandboxPrometheus]:
+    with scraping(user_cluster, str(user_helm.path)) as prom:
         yield prom
-    finally:
-        prom.stop()
-        discovery.stop()
 
 
+@every_release
 def test_prometheus_finds_the_plugin_pod_with_the_service_monitor_labels(
-    cluster: Cluster, prometheus: SandboxPrometheus
+    user_cluster: Cluster, prometheus: SandboxPrometheus
 ) -> None:
-    (pod,) = plugin_pods(cluster)
     prometheus.wait_for_targets_up(timeout=120)
-    samples = prometheus.wait_for('ate_devplugin_registered{resource_name="ate.dev/kvm"} == 1', timeout=60)
-    labels = samples[0].labels
-    assert labels["namespace"] == NAMESPACE
-    assert labels["pod"] == pod["metadata"]["name"]
-    assert labels["node"] == NODE
-    assert labels["job"] == "ate-devplugin"
+    samples = prometheus.wait_for(
+        'ate_devplugin_registered{resource_name="ate.dev/kvm"} == 1',
+        lambda found: len(found) == len(user_cluster.nodes),
+        timeout=60,
+    )
+    by_node = {s.labels["node"]: s.labels for s in samples}
+    assert sorted(by_node) == sorted(n.name for n in user_cluster.nodes)
+    for node in user_cluster.nodes:
+        labels = by_node[node.name]
+        assert labels["namespace"] == NAMESPACE
+        assert labels["pod"] == only_plugin_pod(user_cluster, node)["metadata"]["name"]
+        assert labels["job"] == "ate-devplugin"
 
 
 def test_a_release_elsewhere_names_its_own_image(
-    cluster: Cluster, registry: Registry, image: BuiltImage, helm: Helm
+    user_cluster: Cluster, registry: Registry, image: BuiltImage, user_helm: Helm
 ) -> None:
     """Published under another path (a mirror, a fork), the chart's default image is the
     one pushed with it: the user installs it without setting an image."""
-    release(cluster, registry, image, "ghcr.io/mirror")
+    release(user_cluster, registry, image, "ghcr.io/mirror")
     assert registry.tags("mirror/ate-devplugin") == [VERSION]
-    out = helm.run("template", RELEASE, "oci://ghcr.io/mirror/charts/ate-devplugin", "--version", VERSION,
-                   "--show-only", "templates/daemonset.yaml")  # fmt: skip
+    out = user_helm.run("template", RELEASE, "oci://ghcr.io/mirror/charts/ate-devplugin", "--version", VERSION,
+                        "--show-only", "templates/daemonset.yaml")  # fmt: skip
     ds = yaml.safe_load(out.stdout)
     assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == f"ghcr.io/mirror/ate-devplugin:{VERSION}"
 
@@ -240,7 +302,7 @@ def test_a_release_elsewhere_names_its_own_image(
 
 
 @pytest.fixture
-def monitoring_crds(cluster: Cluster, tmp_path: Path) -> Iterator[None]:
+def monitoring_crds(user_cluster: Cluster, tmp_path: Path) -> Iterator[None]:
     """prometheus-operator's CRDs, as kube-prometheus-stack installs them; removed after."""
     try:
         crd_dir = prometheus_operator_crds(tmp_path)
@@ -249,55 +311,57 @@ def monitoring_crds(cluster: Cluster, tmp_path: Path) -> Iterator[None]:
     kinds = ("servicemonitors", "podmonitors", "prometheusrules")
     files = [str(crd_dir / f"monitoring.coreos.com_{k}.yaml") for k in kinds]
     for path in files:
-        cluster.kubectl("apply", "--server-side", "-f", path)
+        user_cluster.kubectl("apply", "--server-side", "-f", path)
     try:
         crds = [f"crd/{k}.monitoring.coreos.com" for k in kinds]
-        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", *crds)
+        user_cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", *crds)
         yield
     finally:
         for path in files:
-            cluster.kubectl("delete", "--ignore-not-found", "-f", path, check=False)
+            user_cluster.kubectl("delete", "--ignore-not-found", "-f", path, check=False)
 
 
 def test_kube_prometheus_stack_commands_keep_the_image_and_the_pod(
-    cluster: Cluster, installed: dict[str, Any], helm: Helm, monitoring_crds: None
+    user_cluster: Cluster, installed: dict[str, Any], user_helm: Helm, monitoring_crds: None
 ) -> None:
     """The README's kube-prometheus-stack commands, run as printed: a values file and
     `helm upgrade --install` with it. The monitors get the label the stack's Prometheus
     selects on, the image stays the published one (no value of it was given, none is
     dropped), and the plugin pod is not even restarted: its template did not change."""
-    (before,) = plugin_pods(cluster)
+    node = user_cluster.node
+    before = only_plugin_pod(user_cluster, node)
     try:
-        helm.shell(doc_block("kube-prometheus-stack"), cluster.dir)
+        user_helm.shell(doc_block("kube-prometheus-stack"), user_cluster.dir)
         for kind in ("servicemonitor", "prometheusrule"):
-            (obj,) = cluster.get_json(kind, "-n", NAMESPACE)["items"]
+            (obj,) = user_cluster.get_json(kind, "-n", NAMESPACE)["items"]
             assert obj["metadata"]["labels"]["release"] == "kube-prometheus-stack", obj["metadata"]
-        rule = cluster.get_json("prometheusrule", "-n", NAMESPACE)["items"][0]
+        rule = user_cluster.get_json("prometheusrule", "-n", NAMESPACE)["items"][0]
         exprs = [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
         assert 'up{job="ate-devplugin"} == 0' in exprs
-        ds = cluster.get_json("daemonset", "-n", NAMESPACE, RELEASE)
+        ds = user_cluster.get_json("daemonset", "-n", NAMESPACE, RELEASE)
         assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == PUBLISHED_IMAGE
-        pod = wait_plugin_ready(cluster)
+        pod = wait_plugin_ready(user_cluster, node)
         assert pod["metadata"]["uid"] == before["metadata"]["uid"]
     finally:
-        helm.upgrade()  # back to the defaults, before the CRDs go
-    assert not cluster.get_json("servicemonitor", "-n", NAMESPACE)["items"]
+        user_helm.upgrade()  # back to the defaults, before the CRDs go
+    assert not user_cluster.get_json("servicemonitor", "-n", NAMESPACE)["items"]
 
 
 # --- 1c. DRA against this API server: the egress it needs, and its admission policy --------
 
 
-def test_dra_egress_and_policy_come_from_the_cluster(cluster: Cluster, helm: Helm) -> None:
+def test_dra_egress_and_policy_come_from_the_cluster(user_cluster: Cluster, user_helm: Helm) -> None:
     """What the chart renders for dra.mode=dra with egress restricted, looked up from this
     API server (helm's server-side dry run): egress to the `kubernetes` Service and to the
     API server behind it, and the admission policy, since this API server serves it."""
     # --dry-run=server: lookups reach the API server; --validate: its APIs are the Capabilities.
-    out = helm.run("template", "dra-check", *helm.chart, "-n", NAMESPACE, "--dry-run=server", "--validate",
-                   "--set", "dra.mode=dra", "--set", "networkPolicy.restrictEgress=true")  # fmt: skip
+    out = user_helm.run("template", "dra-check", *user_helm.chart, "-n", NAMESPACE, "--dry-run=server", "--validate",
+                        "--set", "dra.mode=dra", "--set", "networkPolicy.restrictEgress=true")  # fmt: skip
     docs = {d["kind"]: d for d in yaml.safe_load_all(out.stdout) if d}
     egress = docs["NetworkPolicy"]["spec"]["egress"]
-    assert {"to": [{"ipBlock": {"cidr": "10.96.0.1/32"}}], "ports": [{"port": 443, "protocol": "TCP"}]} in egress
-    api = {"to": [{"ipBlock": {"cidr": f"{NODE_IP}/32"}}], "ports": [{"port": API_PORT_ON_BRIDGE, "protocol": "TCP"}]}
+    service = {"to": [{"ipBlock": {"cidr": f"{API_SERVICE_IP}/32"}}], "ports": [{"port": 443, "protocol": "TCP"}]}
+    assert service in egress, egress
+    api = {"to": [{"ipBlock": {"cidr": f"{GATEWAY}/32"}}], "ports": [{"port": API_PORT, "protocol": "TCP"}]}
     assert api in egress, egress
     assert {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= set(docs)
 
@@ -310,18 +374,22 @@ def slice_manifest(name: str, node: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def test_slice_policy_keeps_a_token_to_its_own_node(cluster: Cluster, installed: dict[str, Any], helm: Helm) -> None:
+def test_slice_policy_keeps_a_token_to_its_own_node(
+    user_cluster: Cluster, installed: dict[str, Any], user_helm: Helm
+) -> None:
     """The chart's DRA RBAC and admission policy on this API server, exercised with a token
     bound to the running plugin pod (as the kubelet gives the driver its token): the slices
     of its node may be written, another node's may not."""
-    (pod,) = plugin_pods(cluster)
+    cluster = user_cluster
+    node = cluster.node.name
+    pod = only_plugin_pod(cluster, cluster.node)
     account = pod["spec"]["serviceAccountName"]
     # Another release name (the install's own is taken), for the running pod's ServiceAccount.
-    out = helm.run("template", "dra-check", *helm.chart, "-n", NAMESPACE, "--dry-run=server", "--validate",
-                   "--set", "dra.mode=dra", "--set", "serviceAccount.create=false",
-                   "--set", f"serviceAccount.name={account}",
-                   "--show-only", "templates/dra-rbac.yaml",
-                   "--show-only", "templates/dra-admission-policy.yaml")  # fmt: skip
+    out = user_helm.run("template", "dra-check", *user_helm.chart, "-n", NAMESPACE, "--dry-run=server", "--validate",
+                        "--set", "dra.mode=dra", "--set", "serviceAccount.create=false",
+                        "--set", f"serviceAccount.name={account}",
+                        "--show-only", "templates/dra-rbac.yaml",
+                        "--show-only", "templates/dra-admission-policy.yaml")  # fmt: skip
     objects = [d for d in yaml.safe_load_all(out.stdout) if d]
     assert {d["kind"] for d in objects} >= {"ClusterRole", "ValidatingAdmissionPolicy"}
     token = cluster.kubectl("create", "token", account, "-n", NAMESPACE,
@@ -336,7 +404,7 @@ def test_slice_policy_keeps_a_token_to_its_own_node(cluster: Cluster, installed:
     }))  # fmt: skip
 
     def as_driver(*args: str, stdin: str | None = None) -> tuple[int, str]:
-        result = cluster.sandbox.run([str(cluster.bin / "kubectl"), "--kubeconfig", str(driver), *args],
+        result = cluster.sandbox.run([str(cluster.kubectl_path), "--kubeconfig", str(driver), *args],
                                      stdin=stdin, check=False)  # fmt: skip
         return result.returncode, result.stdout + result.stderr
 
@@ -355,8 +423,8 @@ def test_slice_policy_keeps_a_token_to_its_own_node(cluster: Cluster, installed:
 
         message = wait_until("the policy to refuse another node's slice", refused, 60, interval=1)
         assert "may write only that node's ResourceSlices, not those of node other-node" in message, message
-        assert f"the DRA driver on node {NODE}" in message
-        code, text = as_driver("create", "-f", "-", stdin=json.dumps(slice_manifest("policy-check-own", NODE)))
+        assert f"the DRA driver on node {node}" in message
+        code, text = as_driver("create", "-f", "-", stdin=json.dumps(slice_manifest("policy-check-own", node)))
         assert code == 0, text
         code, text = as_driver("delete", "resourceslice", "policy-check-own")
         assert code == 0, text
@@ -376,22 +444,25 @@ def test_slice_policy_keeps_a_token_to_its_own_node(cluster: Cluster, installed:
 # --- 2. a consumer pod --------------------------------------------------------------------
 
 
-def test_example_pod_opens_kvm_without_privilege(cluster: Cluster, installed: dict[str, Any]) -> None:
+@every_release
+def test_example_pod_opens_kvm_without_privilege(user_cluster: Cluster, installed: dict[str, Any]) -> None:
     """The example as shipped: uid 10001, no capability, no privilege escalation, admitted
     under the restricted Pod Security Standard; the node's /dev/kvm is 0600 root:root and
-    containerd sets device_ownership_from_security_context (the default of this cluster)."""
-    result = run_consumer(cluster, consumer_pod("kvm-consumer"))
-    assert result["phase"] == "Succeeded", result
-    assert result["uid"] == 10001
-    assert result["cap_eff"] == "0000000000000000"
-    assert result["no_new_privs"] == "1"
-    assert result.get("api_version") == KVM_API_VERSION, result
-    assert result["node"][1:] == [10001, 10001, 10, 232], result["node"]
-    assert kvm_rule(result["devices_list"]) == ["c 10:232 rw"], result["devices_list"]
+    containerd sets device_ownership_from_security_context. On every node."""
+    for node in user_cluster.nodes:
+        result = run_consumer(user_cluster, consumer_pod("kvm-consumer", node=node))
+        assert result["phase"] == "Succeeded", result
+        assert result["uid"] == 10001
+        assert result["cap_eff"] == "0000000000000000"
+        assert result["no_new_privs"] == "1"
+        assert result.get("api_version") == KVM_API_VERSION, result
+        assert result["node"][1:] == [10001, 10001, 10, 232], result["node"]
+        assert kvm_rule(result["devices_list"]) == ["c 10:232 rw"], result["devices_list"]
 
 
-def test_pod_without_the_request_has_no_kvm(cluster: Cluster, installed: dict[str, Any]) -> None:
-    result = run_consumer(cluster, consumer_pod("no-kvm", request=False))
+@every_release
+def test_pod_without_the_request_has_no_kvm(user_cluster: Cluster, installed: dict[str, Any]) -> None:
+    result = run_consumer(user_cluster, consumer_pod("no-kvm", request=False, node=last(user_cluster)))
     assert result["node"] == "FileNotFoundError: [Errno 2] No such file or directory: '/dev/kvm'"
     assert kvm_rule(result["devices_list"]) == []
 
@@ -400,39 +471,43 @@ def test_pod_without_the_request_has_no_kvm(cluster: Cluster, installed: dict[st
 
 
 @contextlib.contextmanager
-def containerd_device_ownership(cluster: Cluster, enabled: bool) -> Iterator[None]:
-    cluster.restart_containerd(device_ownership=enabled)
+def containerd_device_ownership(node: Node, enabled: bool) -> Iterator[None]:
+    node.restart_containerd(device_ownership=enabled)
     try:
         yield
     finally:
-        cluster.restart_containerd(device_ownership=True)
+        node.restart_containerd(device_ownership=True)
 
 
 @contextlib.contextmanager
-def kvm_node_with_group(cluster: Cluster, gid: int) -> Iterator[None]:
-    """/dev/kvm as distributions with a kvm group make it (0660 root:kvm), in the sandbox's
+def kvm_node_with_group(node: Node, gid: int) -> Iterator[None]:
+    """/dev/kvm as distributions with a kvm group make it (0660 root:kvm), in the node's
     mount namespace only: a node of the same major:minor bind-mounted over it."""
-    node = "/run/ate-e2e-kvm"
-    cluster.sandbox.run(["sh", "-ec", f"mknod -m 0660 {node} c 10 232; chown 0:{gid} {node}; "
-                                      f"mount --bind {node} /dev/kvm; stat -c '%a %u:%g %t:%T' /dev/kvm"])  # fmt: skip
+    path = "/run/ate-e2e-kvm"
+    node.run(["sh", "-ec", f"mknod -m 0660 {path} c 10 232; chown 0:{gid} {path}; "
+                           f"mount --bind {path} /dev/kvm; stat -c '%a %u:%g %t:%T' /dev/kvm"])  # fmt: skip
     try:
         yield
     finally:
-        cluster.sandbox.run(["sh", "-ec", f"umount /dev/kvm; rm -f {node}"])
+        node.run(["sh", "-ec", f"umount /dev/kvm; rm -f {path}"])
 
 
-def test_non_root_pod_without_device_ownership_is_refused(cluster: Cluster, installed: dict[str, Any]) -> None:
-    with containerd_device_ownership(cluster, enabled=False):
-        result = run_consumer(cluster, consumer_pod("kvm-no-ownership"))
+def test_non_root_pod_without_device_ownership_is_refused(user_cluster: Cluster, installed: dict[str, Any]) -> None:
+    node = user_cluster.node
+    with containerd_device_ownership(node, enabled=False):
+        result = run_consumer(user_cluster, consumer_pod("kvm-no-ownership", node=node))
     assert result["node"][:3] == ["crw-------", 0, 0], result["node"]
     assert result["error"] == EACCES
     assert result["phase"] == "Succeeded"  # the check script reports, it does not crash
 
 
-def test_non_root_pod_with_the_device_group_as_supplemental_group(cluster: Cluster, installed: dict[str, Any]) -> None:
-    with containerd_device_ownership(cluster, enabled=False), kvm_node_with_group(cluster, KVM_GID):
-        with_group = run_consumer(cluster, consumer_pod("kvm-group", supplemental_groups=(KVM_GID,)))
-        without = run_consumer(cluster, consumer_pod("kvm-no-group"))
+def test_non_root_pod_with_the_device_group_as_supplemental_group(
+    user_cluster: Cluster, installed: dict[str, Any]
+) -> None:
+    node = user_cluster.node
+    with containerd_device_ownership(node, enabled=False), kvm_node_with_group(node, KVM_GID):
+        with_group = run_consumer(user_cluster, consumer_pod("kvm-group", supplemental_groups=(KVM_GID,), node=node))
+        without = run_consumer(user_cluster, consumer_pod("kvm-no-group", node=node))
     assert with_group["node"][:3] == ["crw-rw----", 0, KVM_GID], with_group["node"]
     assert KVM_GID in with_group["groups"]
     assert with_group.get("api_version") == KVM_API_VERSION, with_group
@@ -442,86 +517,103 @@ def test_non_root_pod_with_the_device_group_as_supplemental_group(cluster: Clust
 # --- 4. kubelet restart, plugin pod replaced ---------------------------------------------
 
 
-def heartbeat(cluster: Cluster, node: dict[str, Any] | None = None) -> str:
+def heartbeat(node: Node, status: dict[str, Any] | None = None) -> str:
     """When the kubelet last posted the node's status (its Ready condition's heartbeat)."""
-    node = node or cluster.get_json("node", NODE)
-    beat: str = next(c["lastHeartbeatTime"] for c in node["status"]["conditions"] if c["type"] == "Ready")
+    status = status or node.get()
+    beat: str = next(c["lastHeartbeatTime"] for c in status["status"]["conditions"] if c["type"] == "Ready")
     return beat
 
 
-def test_kubelet_restart_needs_no_plugin_restart(cluster: Cluster, installed: dict[str, Any]) -> None:
-    (pod,) = plugin_pods(cluster)
+@every_release
+def test_kubelet_restart_needs_no_plugin_restart(user_cluster: Cluster, installed: dict[str, Any]) -> None:
+    node = last(user_cluster)
+    others = {n.name: only_plugin_pod(user_cluster, n) for n in user_cluster.nodes if n is not node}
+    pod = only_plugin_pod(user_cluster, node)
     restarts_before = pod["status"]["containerStatuses"][0]["restartCount"]
-    assert sample(metrics(cluster, pod), "ate_devplugin_kubelet_restarts_total") == 0
-    beat_before = heartbeat(cluster)
-    cluster.stop_kubelet(signal.SIGKILL)
-    cluster.start_kubelet()
-    cluster.wait_node_ready()
+    assert sample(metrics(user_cluster, pod), "ate_devplugin_kubelet_restarts_total") == 0
+    beat_before = heartbeat(node)
+    node.stop_kubelet(signal.SIGKILL)
+    node.start_kubelet()
+    node.wait_ready()
     wait_until("the plugin to see the restart",
-               lambda: sample(metrics(cluster, pod), "ate_devplugin_kubelet_restarts_total") == 1, 120)  # fmt: skip
-    wait_until("registered again", lambda: registered(cluster, pod) == 1, 120)
+               lambda: sample(metrics(user_cluster, pod), "ate_devplugin_kubelet_restarts_total") == 1,
+               120)  # fmt: skip
+    wait_until("registered again", lambda: registered(user_cluster, pod) == 1, 120)
 
     def fresh_allocatable() -> bool:
         # A node status the restarted kubelet posted (it posts one when it starts, and
         # again when allocatable changes), with the plugin registered.
-        node = cluster.get_json("node", NODE)
-        return heartbeat(cluster, node) != beat_before and node["status"]["allocatable"].get(RESOURCE) == "4096"
+        status = node.get()
+        return heartbeat(node, status) != beat_before and status["status"]["allocatable"].get(RESOURCE) == "4096"
 
     wait_until("allocatable 4096 from the restarted kubelet", fresh_allocatable, 120)
-    (same,) = plugin_pods(cluster)
+    same = only_plugin_pod(user_cluster, node)
     assert same["metadata"]["uid"] == pod["metadata"]["uid"]
     assert same["status"]["containerStatuses"][0]["restartCount"] == restarts_before
-    result = run_consumer(cluster, consumer_pod("kvm-after-kubelet-restart"))
+    result = run_consumer(user_cluster, consumer_pod("kvm-after-kubelet-restart", node=node))
     assert result.get("api_version") == KVM_API_VERSION, result
+    # Another node's kubelet, and so its plugin, saw nothing of it (its own kubelet.sock).
+    for other in others.values():
+        assert sample(metrics(user_cluster, other), "ate_devplugin_kubelet_restarts_total") == 0
+        assert registered(user_cluster, other) == 1
 
 
 # --- a device that goes away and comes back ------------------------------------------------
 
-PRIVATE_DEV = "/run/ate-e2e-dev"  # in the sandbox's tmpfs: the host's /dev is never touched
+PRIVATE_DEV = "/run/ate-e2e-dev"  # in each node's tmpfs: the host's /dev is never touched
 
 
+@every_release
 def test_device_gone_and_back_is_seen_by_the_node(
-    cluster: Cluster, installed: dict[str, Any], helm: Helm, prometheus: SandboxPrometheus
+    user_cluster: Cluster, installed: dict[str, Any], user_helm: Helm, prometheus: SandboxPrometheus
 ) -> None:
     """A device node that disappears (a module unloaded) and comes back. The host's /dev
-    must stay as it is, so the plugin watches a device directory of the sandbox's own
-    (hostPaths.dev) holding a node of /dev/kvm's major:minor; pods still get /dev/kvm."""
+    must stay as it is, so the plugins watch a device directory of each node's own
+    (hostPaths.dev) holding a node of /dev/kvm's major:minor; pods still get /dev/kvm.
+    It goes on the last node only: the others keep offering it."""
     kvm = f"{PRIVATE_DEV}/kvm"
-    cluster.sandbox.run(["sh", "-ec", f"mkdir -p {PRIVATE_DEV}; mknod -m 0600 {kvm} c 10 232"])
-    helm.upgrade("--set", f"hostPaths.dev={PRIVATE_DEV}")
+    node = last(user_cluster)
+    for n in user_cluster.nodes:
+        n.run(["sh", "-ec", f"mkdir -p {PRIVATE_DEV}; mknod -m 0600 {kvm} c 10 232"])
+    user_helm.upgrade("--set", f"hostPaths.dev={PRIVATE_DEV}")
     try:
-        pod = wait_plugin_ready(cluster)
-        wait_until("registered", lambda: registered(cluster, pod) == 1, 120)
-        cluster.wait_node_resource(RESOURCE, "4096")
+        pod = wait_plugin_ready(user_cluster, node)
+        wait_until("registered", lambda: registered(user_cluster, pod) == 1, 120)
+        for n in user_cluster.nodes:
+            n.wait_resource(RESOURCE, "4096")
         # Prometheus must see the counters before and after, or increase() has nothing to show.
         changes = f'ate_devplugin_device_health_changes_total{{pod="{pod["metadata"]["name"]}", health="%s"}}'
         prometheus.wait_for(changes % "unhealthy" + " == 0", timeout=120)
-        cluster.sandbox.run(["rm", kvm])
-        cluster.wait_node_resource(RESOURCE, "0")
-        assert cluster.node_resource("capacity", RESOURCE) == "4096"
-        values = metrics(cluster, pod)
+        node.run(["rm", kvm])
+        node.wait_resource(RESOURCE, "0")
+        assert node.resource("capacity", RESOURCE) == "4096"
+        values = metrics(user_cluster, pod)
         assert sample(values, "ate_devplugin_devices", resource_name=RESOURCE, health="unhealthy") == 4096
-        cluster.sandbox.run(["mknod", "-m", "0600", kvm, "c", "10", "232"])
-        cluster.wait_node_resource(RESOURCE, "4096")
-        values = metrics(cluster, pod)
+        for other in user_cluster.nodes:
+            if other is not node:
+                assert other.resource("allocatable", RESOURCE) == "4096", other.name
+        node.run(["mknod", "-m", "0600", kvm, "c", "10", "232"])
+        node.wait_resource(RESOURCE, "4096")
+        values = metrics(user_cluster, pod)
         assert sample(values, "ate_devplugin_device_health_changes_total", resource_name=RESOURCE, health="unhealthy")
         assert sample(values, "ate_devplugin_device_health_changes_total", resource_name=RESOURCE, health="healthy")
         prometheus.wait_for(changes % "healthy" + " >= 1", timeout=120)
     finally:
-        helm.upgrade()
-    wait_plugin_ready(cluster)
-    cluster.wait_node_resource(RESOURCE, "4096")
+        user_helm.upgrade()
+    for n in user_cluster.nodes:
+        wait_plugin_ready(user_cluster, n)
+        n.wait_resource(RESOURCE, "4096")
 
 
 # --- 7. every dashboard query has data -----------------------------------------------------
 
 
-def test_every_dashboard_query_returns_data_from_the_cluster(cluster: Cluster, prometheus: SandboxPrometheus) -> None:
-    values = {"$__rate_interval": "1m", "$__range": "1h", "$cluster": "", "$job": "ate-devplugin", "$node": NODE,
-              "$instance": ".+",
-              "$resource": RESOURCE.replace(".", "\\\\.")}  # fmt: skip
+def test_every_dashboard_query_returns_data_from_the_cluster(
+    user_cluster: Cluster, prometheus: SandboxPrometheus
+) -> None:
+    values = dashboard_values(user_cluster.node)
     # The plugin pod was just replaced (previous test): wait until its own series are in.
-    (pod,) = plugin_pods(cluster)
+    pod = only_plugin_pod(user_cluster, user_cluster.node)
     prometheus.wait_for(f'ate_devplugin_registered{{pod="{pod["metadata"]["name"]}"}} == 1', timeout=120)
     end = time.time()
     empty, checked = [], 0
@@ -543,15 +635,17 @@ def test_every_dashboard_query_returns_data_from_the_cluster(cluster: Cluster, p
     assert not empty, f"{len(empty)} of {checked} queries gave no data:\n" + "\n".join(empty)
 
 
-def test_deleted_plugin_pod_exits_0_and_is_replaced(cluster: Cluster, installed: dict[str, Any]) -> None:
-    (old,) = plugin_pods(cluster)
-    code, took = watch_exit_code(cluster, old["metadata"]["name"])
+@every_release
+def test_deleted_plugin_pod_exits_0_and_is_replaced(user_cluster: Cluster, installed: dict[str, Any]) -> None:
+    node = last(user_cluster)
+    old = only_plugin_pod(user_cluster, node)
+    code, took = watch_exit_code(user_cluster, old["metadata"]["name"])
     assert code == 0, f"the deleted plugin pod's container exited {code}"
-    new = wait_plugin_ready(cluster)
+    new = wait_plugin_ready(user_cluster, node)
     assert new["metadata"]["uid"] != old["metadata"]["uid"]
-    wait_until("the new pod registered", lambda: registered(cluster, new) == 1, 120)
-    cluster.wait_node_resource(RESOURCE, "4096")
-    result = run_consumer(cluster, consumer_pod("kvm-after-new-plugin-pod"))
+    wait_until("the new pod registered", lambda: registered(user_cluster, new) == 1, 120)
+    node.wait_resource(RESOURCE, "4096")
+    result = run_consumer(user_cluster, consumer_pod("kvm-after-new-plugin-pod", node=node))
     assert result.get("api_version") == KVM_API_VERSION, result
     print(f"plugin pod deleted in {took:.1f}s")
 
@@ -572,51 +666,58 @@ deviceConfig:
 
 
 @pytest.fixture(scope="module")
-def two_resources(cluster: Cluster) -> str:
+def two_resources(user_cluster: Cluster) -> str:
     """A values file adding /dev/net/tun as ate.dev/tun next to /dev/kvm."""
-    path = cluster.dir / "two-resources.yaml"
+    path = user_cluster.dir / "two-resources.yaml"
     path.write_text(TWO_RESOURCES)
     return str(path)
 
 
 def test_helm_upgrade_adding_a_resource_rolls_out(
-    cluster: Cluster, installed: dict[str, Any], helm: Helm, two_resources: str
+    user_cluster: Cluster, installed: dict[str, Any], user_helm: Helm, two_resources: str
 ) -> None:
     """deviceConfig.restartOnChange=true: the config checksum changed, so the pod is replaced."""
-    (old,) = plugin_pods(cluster)
-    helm.upgrade("-f", two_resources, "--set", "deviceConfig.restartOnChange=true")
+    node = user_cluster.node
+    old = only_plugin_pod(user_cluster, node)
+    user_helm.upgrade("-f", two_resources, "--set", "deviceConfig.restartOnChange=true")
     wait_until(
         "the rolled-out plugin pod",
-        lambda: next((p for p in plugin_pods(cluster) if p["metadata"]["uid"] != old["metadata"]["uid"]), None),
+        lambda: next(
+            (p for p in plugin_pods(user_cluster, node) if p["metadata"]["uid"] != old["metadata"]["uid"]), None
+        ),
         240,
     )
-    pod = wait_plugin_ready(cluster)
-    wait_until("both resources registered", lambda: registered(cluster, pod, TUN) == 1, 120)
-    assert registered(cluster, pod) == 1
-    cluster.wait_node_resource(TUN, "16")
-    assert cluster.node_resource("allocatable", RESOURCE) == "4096"
+    pod = wait_plugin_ready(user_cluster, node)
+    wait_until("both resources registered", lambda: registered(user_cluster, pod, TUN) == 1, 120)
+    assert registered(user_cluster, pod) == 1
+    node.wait_resource(TUN, "16")
+    # The old pod's endpoints going away can zero it in a node status just before the
+    # new pod's: wait on allocatable itself, as everywhere.
+    node.wait_resource(RESOURCE, "4096")
 
 
 def test_helm_upgrade_changing_a_resource_is_picked_up_live(
-    cluster: Cluster, installed: dict[str, Any], helm: Helm, two_resources: str
+    user_cluster: Cluster, installed: dict[str, Any], user_helm: Helm, two_resources: str
 ) -> None:
     """deviceConfig.restartOnChange=false: the same pod reads the updated ConfigMap. The
-    kubelet refreshes ConfigMap volumes on its pod sync (every minute by default)."""
+    kubelet refreshes ConfigMap volumes on its pod sync (every minute by default; these
+    clusters' kubelets sync every 10 s)."""
+    node = user_cluster.node
     live = ("-f", two_resources, "--set", "deviceConfig.restartOnChange=false")
-    helm.upgrade(*live)  # without the checksum annotation: the pod template changes once
-    wait_plugin_ready(cluster)
-    cluster.wait_node_resource(TUN, "16")
-    (before,) = plugin_pods(cluster)
+    user_helm.upgrade(*live)  # without the checksum annotation: the pod template changes once
+    wait_plugin_ready(user_cluster, node)
+    node.wait_resource(TUN, "16")
+    before = only_plugin_pod(user_cluster, node)
     start = time.monotonic()
-    helm.upgrade(*live, "--set", "deviceConfig.resources[1].units=32")
-    waited = cluster.wait_node_resource(TUN, "32", timeout=300)
-    (after,) = plugin_pods(cluster)
+    user_helm.upgrade(*live, "--set", "deviceConfig.resources[1].units=32")
+    waited = node.wait_resource(TUN, "32", timeout=300)
+    after = only_plugin_pod(user_cluster, node)
     assert after["metadata"]["uid"] == before["metadata"]["uid"]
     assert (
         after["status"]["containerStatuses"][0]["restartCount"]
         == before["status"]["containerStatuses"][0]["restartCount"]
     )
-    assert cluster.node_resource("allocatable", RESOURCE) == "4096"
+    assert node.resource("allocatable", RESOURCE) == "4096"
     print(f"units 16 -> 32 live: allocatable 32 after {time.monotonic() - start:.0f}s ({waited:.0f}s after helm)")
 
 
@@ -629,56 +730,65 @@ def test_helm_upgrade_changing_a_resource_is_picked_up_live(
     ],
 )
 def test_helm_upgrade_with_a_bad_value_is_refused(
-    cluster: Cluster, installed: dict[str, Any], helm: Helm, two_resources: str, value: str, field: str
+    user_cluster: Cluster, installed: dict[str, Any], user_helm: Helm, two_resources: str, value: str, field: str
 ) -> None:
-    (before,) = plugin_pods(cluster)
-    tun = cluster.node_resource("allocatable", TUN)
-    out = helm.upgrade("-f", two_resources, "--set", value, check=False)
+    node = user_cluster.node
+    before = only_plugin_pod(user_cluster, node)
+    tun = node.resource("allocatable", TUN)
+    out = user_helm.upgrade("-f", two_resources, "--set", value, check=False)
     assert out.returncode != 0
     assert field in out.stderr, out.stderr
-    (after,) = plugin_pods(cluster)
+    after = only_plugin_pod(user_cluster, node)
     assert after["metadata"]["uid"] == before["metadata"]["uid"]
-    assert cluster.node_resource("allocatable", RESOURCE) == "4096"
-    assert cluster.node_resource("allocatable", TUN) == tun
+    assert node.resource("allocatable", RESOURCE) == "4096"
+    assert node.resource("allocatable", TUN) == tun
 
 
 # --- 6. helm uninstall ----------------------------------------------------------------------
 
 
-def sockets(cluster: Cluster) -> list[str]:
-    out = cluster.sandbox.run(["ls", "/var/lib/kubelet/device-plugins"]).stdout
+def sockets(node: Node) -> list[str]:
+    out = node.run(["ls", "/var/lib/kubelet/device-plugins"]).stdout
     return sorted(name for name in out.split() if name.startswith("ate-"))
 
 
+@every_release
 def test_helm_uninstall_removes_the_socket_and_the_resource(
-    cluster: Cluster, installed: dict[str, Any], helm: Helm
+    user_cluster: Cluster, installed: dict[str, Any], user_helm: Helm
 ) -> None:
-    assert len(plugin_pods(cluster)) == 1
-    assert sockets(cluster), "the plugin's sockets before uninstall"
-    helm.uninstall()
-    wait_until("the plugin pod gone", lambda: not cluster.get_json("pods", "-n", NAMESPACE)["items"], 120)
-    assert sockets(cluster) == []
-    cluster.wait_node_resource(RESOURCE, "0")
-    cluster.wait_node_resource(TUN, "0")
+    assert len(plugin_pods(user_cluster)) == len(user_cluster.nodes)
+    had_tun = {}
+    for node in user_cluster.nodes:
+        assert sockets(node), f"the plugin's sockets on {node.name} before uninstall"
+        had_tun[node.name] = node.resource("capacity", TUN) is not None
+    user_helm.uninstall()
+    wait_until("the plugin pods gone", lambda: not user_cluster.get_json("pods", "-n", NAMESPACE)["items"], 120)
+    for node in user_cluster.nodes:
+        assert sockets(node) == []
+        node.wait_resource(RESOURCE, "0")
+        if had_tun[node.name]:
+            node.wait_resource(TUN, "0")
 
 
 # --- 1 again, with helm v4 ------------------------------------------------------------------
 
 
-def test_helm_v4_install_and_uninstall(cluster: Cluster, helm_v4: Helm) -> None:
+def test_helm_v4_install_and_uninstall(user_cluster: Cluster, registry: Registry, published: str) -> None:
     """chart/README.md's install command once more, with helm v4 as `helm`."""
+    helm_v4 = users_helm("v4", user_cluster, registry)
+    node = user_cluster.node
     start = time.monotonic()
-    out = helm_v4.shell(doc_block("install"), cluster.dir)
-    ready = [is_ready(p) for p in plugin_pods(cluster)]
+    out = helm_v4.shell(doc_block("install"), user_cluster.dir)
+    ready = [is_ready(p) for p in plugin_pods(user_cluster)]
     print(f"helm v4 install returned after {time.monotonic() - start:.1f}s with plugin pods Ready: {ready}")
     try:
         assert "rollout status daemonset/ate-devplugin" in out.stdout
-        pod = wait_plugin_ready(cluster)
-        cluster.wait_node_resource(RESOURCE, "4096")
-        assert cluster.node_resource("capacity", RESOURCE) == "4096"
-        assert registered(cluster, pod) == 1
+        pod = wait_plugin_ready(user_cluster, node)
+        node.wait_resource(RESOURCE, "4096")
+        assert node.resource("capacity", RESOURCE) == "4096"
+        assert registered(user_cluster, pod) == 1
     finally:
         helm_v4.uninstall()
-    wait_until("the plugin pod gone", lambda: not cluster.get_json("pods", "-n", NAMESPACE)["items"], 120)
-    cluster.wait_node_resource(RESOURCE, "0")
+    wait_until("the plugin pod gone", lambda: not user_cluster.get_json("pods", "-n", NAMESPACE)["items"], 120)
+    node.wait_resource(RESOURCE, "0")
     assert os.path.exists("/dev/kvm")

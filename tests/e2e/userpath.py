@@ -15,8 +15,9 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.cluster import Cluster, ClusterError, wait_until
+from tests.e2e.cluster import Cluster, ClusterError, Node, wait_until
 from tests.e2e.images import PLUGIN_IMAGE
+from tests.harness.chart import helm_path
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "chart"
@@ -27,6 +28,7 @@ RESOURCE = "ate.dev/kvm"
 PLUGIN_SELECTOR = "app.kubernetes.io/name=ate-devplugin"
 METRICS_PORT = 9477
 WORKLOADS = "vm-workers"  # the example's namespace
+KVM_API_VERSION = 12  # what KVM_GET_API_VERSION has returned since Linux 2.6.22
 IMAGE_VALUES = ("--set", "image.repository=localhost/ate-devplugin", "--set", f"image.tag={PLUGIN_IMAGE.split(':')[1]}",
                 "--set", "image.pullPolicy=Never")  # fmt: skip
 
@@ -103,9 +105,21 @@ class Helm:
         return self.run("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "2m")
 
 
-def plugin_pods(cluster: Cluster) -> list[dict[str, Any]]:
+def make_helm(major: str, cluster: Cluster) -> Helm:
+    """helm ``major`` (v3, v4) as tools/build-helm.sh built it, run against ``cluster``."""
+    path = helm_path(major)
+    assert path is not None, f"helm {major} not built"
+    return Helm(major, path, cluster)
+
+
+def plugin_pods(cluster: Cluster, node: Node | None = None) -> list[dict[str, Any]]:
+    """The plugin pods not being deleted, of every node or of ``node``."""
     pods: list[dict[str, Any]] = cluster.get_json("pods", "-n", NAMESPACE, "-l", PLUGIN_SELECTOR)["items"]
-    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    return [
+        p
+        for p in pods
+        if not p["metadata"].get("deletionTimestamp") and (node is None or p["spec"].get("nodeName") == node.name)
+    ]
 
 
 def is_ready(pod: dict[str, Any]) -> bool:
@@ -113,12 +127,16 @@ def is_ready(pod: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
 
 
-def wait_plugin_ready(cluster: Cluster, timeout: float = 240) -> dict[str, Any]:
-    """What the chart's NOTES say to wait on: the DaemonSet rolled out; returns its one pod."""
+def wait_plugin_ready(cluster: Cluster, node: Node | None = None, timeout: float = 240) -> dict[str, Any]:
+    """What the chart's NOTES say to wait on: the DaemonSet rolled out; returns the Ready
+    plugin pod of ``node`` (default: the first node)."""
+    node = node or cluster.node
     cluster.kubectl("-n", NAMESPACE, "rollout", "status", f"daemonset/{RELEASE}", f"--timeout={timeout:.0f}s",
                     timeout=timeout + 30)  # fmt: skip
     pod: dict[str, Any] = wait_until(
-        "one Ready plugin pod", lambda: next((p for p in plugin_pods(cluster) if is_ready(p)), None), 60
+        f"one Ready plugin pod on {node.name}",
+        lambda: next((p for p in plugin_pods(cluster, node) if is_ready(p)), None),
+        60,
     )
     return pod
 
@@ -142,9 +160,12 @@ def sample(values: dict[tuple[str, frozenset[tuple[str, str]]], float], name: st
     return found[0] if found else None
 
 
-def consumer_pod(name: str, *, request: bool = True, supplemental_groups: tuple[int, ...] = ()) -> dict[str, Any]:
+def consumer_pod(
+    name: str, *, request: bool = True, supplemental_groups: tuple[int, ...] = (), node: Node | None = None
+) -> dict[str, Any]:
     """The example pod as shipped (non-root, no capabilities, no privilege escalation), with
-    the project image (it has python3) running :data:`CHECK_KVM` instead of busybox."""
+    the project image (it has python3) running :data:`CHECK_KVM` instead of busybox; on
+    ``node`` when given (a nodeSelector: the scheduler still decides it fits)."""
     pod: dict[str, Any] = copy.deepcopy(yaml.safe_load(EXAMPLE_POD.read_text()))
     pod["metadata"]["name"] = name
     container = pod["spec"]["containers"][0]
@@ -153,6 +174,8 @@ def consumer_pod(name: str, *, request: bool = True, supplemental_groups: tuple[
         del container["resources"]["limits"][RESOURCE]
     if supplemental_groups:
         pod["spec"]["securityContext"]["supplementalGroups"] = list(supplemental_groups)
+    if node is not None:
+        pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node.name}
     return pod
 
 
@@ -162,6 +185,8 @@ def ensure_workload_namespace(cluster: Cluster) -> None:
         "apiVersion": "v1", "kind": "Namespace",
         "metadata": {"name": WORKLOADS, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}},
     })  # fmt: skip
+    # Pods are refused until the namespace's default ServiceAccount exists.
+    wait_until("the namespace's ServiceAccount", lambda: cluster.get_json("sa", "-n", WORKLOADS, "default"), 60)
 
 
 def run_consumer(cluster: Cluster, pod: dict[str, Any], timeout: float = 180) -> dict[str, Any]:
@@ -201,7 +226,7 @@ def watch_exit_code(cluster: Cluster, pod_name: str, timeout: float = 120) -> tu
     last status reported before the pod object went away, and how long deletion took."""
     watcher = cluster.sandbox.spawn(
         f"watch-{pod_name}",
-        [str(cluster.bin / "kubectl"), "--kubeconfig", str(cluster.kubeconfig), "get", "pod", "-n", NAMESPACE,
+        [str(cluster.kubectl_path), "--kubeconfig", str(cluster.kubeconfig), "get", "pod", "-n", NAMESPACE,
          pod_name, "--watch", "--output-watch-events", "-o", "json"],
     )  # fmt: skip
     try:

@@ -1,12 +1,12 @@
-// Pins the Kubernetes binaries the end-to-end suite (tests/e2e) runs a
-// one-node cluster with: kube-apiserver, kube-controller-manager,
-// kube-scheduler, kubelet and kubectl, built by tools/build-k8s.sh.
+// Pins the Kubernetes 1.35 binaries of the end-to-end suite (tests/e2e):
+// kube-apiserver, kube-controller-manager, kube-scheduler and kubelet, and
+// kubectl, the suite's client of every release; built by tools/build-k8s.sh.
 // k8s.io/kubernetes is not meant to be a dependency: its own go.mod replaces
 // every staging module (k8s.io/api, client-go, ...) with ./staging/..., which
 // its module zip lacks, so each one is pinned here to v0.35.4 (the approach
 // of tests/kubelet_bench/go135.mod, whose build cache this shares).
 // Not part of the daemon; nothing here is imported by application code.
-module github.com/ate-dev/ate-devplugin/tools/k8s
+module github.com/ate-dev/ate-devplugin/tools/k8s/1.35
 
 go 1.25.0
 
