@@ -318,10 +318,12 @@ def test_install_notes_in_dra_modes(helm_v4: Helm, any_helm: Helm, mode: str) ->
     off = _notes(helm_v4, f"dra.mode={mode}", "dra.sliceAdmissionPolicy=false")
     assert "dra.sliceAdmissionPolicy is false" in off
     # The sharing model's devices, and the unchanged pod spec (helm's offline dry run is 1.36+).
-    assert "per resource one shareable device" in notes and "32 single-claim devices" in notes
+    assert "per resource one shareable device" in notes
+    assert "32 single-claim devices" in notes
     assert "served by DRA too" in notes
     slots = _notes(helm_v4, f"dra.mode={mode}", "dra.sharing=slots", "dra.slots=8")
-    assert "shareable" not in slots and "per resource 8 single-claim devices" in slots
+    assert "shareable" not in slots
+    assert "per resource 8 single-claim devices" in slots
     assert "served by DRA too" not in _notes(helm_v4, f"dra.mode={mode}", "dra.extendedResourceName=false")
 
 
