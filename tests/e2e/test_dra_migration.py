@@ -282,11 +282,17 @@ def scale(cluster: Cluster, replicas: int) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def nodes(cluster_137: Cluster) -> tuple[Node, Node]:
+def nodes(cluster_137: Cluster) -> Iterator[tuple[Node, Node]]:
+    """The two nodes with the plugins' device node; removed again at the end (after both
+    releases), so the later modules on this cluster find the nodes' /run as it was."""
     first, second = cluster_137.nodes
-    for node in (first, second):
-        kvm_present(node, True)
-    return first, second
+    try:
+        for node in (first, second):
+            kvm_present(node, True)
+        yield first, second
+    finally:
+        for node in (first, second):
+            node.run(["rm", "-rf", PRIVATE_DEV])
 
 
 @pytest.fixture(scope="module")
@@ -560,10 +566,12 @@ def test_migrating_the_device_plugin_node_to_dra(
     first.label({POOL: "dra"})
     wait_plugin(cluster_137, DRA_RELEASE, first)
     wait_devices(cluster_137, first, 1 + SLOTS)
+    # The drained replicas came back on the DRA node, running their micro-VMs, while the
+    # first was cordoned.
+    back = scale(cluster_137, REPLICAS + 2)
+    assert {p["spec"]["nodeName"] for p in back} == {second.name}
     cluster_137.kubectl("uncordon", first.name)
-    # The drained replicas came back on the DRA node while the first was cordoned.
-    assert {p["spec"]["nodeName"] for p in pods(cluster_137)} == {second.name}
-    before = {p["metadata"]["uid"] for p in pods(cluster_137)}
+    before = {p["metadata"]["uid"] for p in back}
     with cordoned(cluster_137, second):
         scale(cluster_137, REPLICAS + 4)
     with cordoned(cluster_137, first):
