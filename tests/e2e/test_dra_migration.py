@@ -1,0 +1,591 @@
+"""DRA as the design plans it, on the two-node Kubernetes 1.37 cluster (containerd 2, CDI):
+one shareable device per resource, the README's pod spec served by DRA where no device
+plugin advertises ``ate.dev/kvm``, one Deployment on a device-plugin node and a DRA node at
+once, the migration of the device-plugin node with docs/runbook.md's steps, and device
+health in the pods' own status in both modes. Every consumer runs a micro-VM
+(tests/e2e/microvm.py) on the /dev/kvm it got.
+
+Two releases of the chart, one per node pool (label ``ate.dev/pool``): ``ate-devplugin``
+in device-plugin mode for ``device-plugin`` nodes, ``ate-devplugin-dra`` in DRA mode (its
+DeviceClass names ``ate.dev/kvm`` as its extendedResourceName) for ``dra`` nodes. The
+first node (``e2e-node``) starts in no pool, the second (``e2e-node-2``) in ``dra``. Both
+plugins watch a device directory of their node's own (``hostPaths.dev``) holding a node
+of /dev/kvm's major:minor, so the device can go away and come back without touching the
+host's /dev.
+
+The pods: the example pod (docs/examples/kvm-consumer-pod.yaml) as shipped, with the
+project image (it has python3) running the micro-VM instead of busybox's check; in the
+Deployment ``kvm-consumer`` its pod spec is the template, with restartPolicy Always (a
+Deployment's only). Neither is edited after it is created: the scheduler alone decides
+how each pod gets the device.
+
+The tests run in file order and share both releases, removed at the end of the module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e import microvm
+from tests.e2e.cluster import Cluster, ClusterError, Node, wait_until
+from tests.e2e.images import PLUGIN_IMAGE
+from tests.e2e.userpath import (
+    CHART,
+    EXAMPLE_POD,
+    IMAGE_VALUES,
+    KVM_API_VERSION,
+    NAMESPACE,
+    RESOURCE,
+    WORKLOADS,
+    Helm,
+    ensure_workload_namespace,
+    is_ready,
+    metrics,
+    sample,
+)
+
+DRIVER = "ate.dev"
+DEVICE_CLASS = "kvm.ate.dev"
+POOL = "ate.dev/pool"
+DP_RELEASE = "ate-devplugin"
+DRA_RELEASE = "ate-devplugin-dra"
+SLOTS = 2
+SHARED = "ate-dev-kvm"
+UNITS = 4096
+PRIVATE_DEV = "/run/ate-e2e-dev"  # in each node's own /run: the host's /dev is never touched
+KVM = f"{PRIVATE_DEV}/kvm"
+DEPLOYMENT = "kvm-consumer"
+REPLICAS = 10
+# The micro-VM's report, then hold it (and /dev/kvm) until the pod is deleted.
+HOLD_VM = (
+    Path(microvm.__file__).read_text()
+    + r"""
+import json, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # PID 1 of its container: no default action
+report = {"uid": os.getuid()}
+try:
+    report["vm"] = run_vm()
+except OSError as exc:
+    report["vm_error"] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(report), flush=True)
+while True:
+    time.sleep(3600)
+"""
+)
+CLAIM_TEMPLATE = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "ResourceClaimTemplate",
+    "metadata": {"name": "kvm", "namespace": WORKLOADS},
+    "spec": {"spec": {"devices": {"requests": [{"name": "kvm", "exactly": {"deviceClassName": DEVICE_CLASS}}]}}},
+}
+DRA_VALUES = {
+    "dra": {"mode": "dra", "slots": SLOTS},
+    "deviceConfig": {"resources": [{"name": RESOURCE, "devices": ["/dev/kvm"], "cdi": {"file_mode": "0666"}}]},
+    "hostPaths": {"dev": PRIVATE_DEV},
+    "nodeSelector": {POOL: "dra"},
+}
+# containerd 2 here does not give device nodes the pod's owner: the CDI spec gives the mode.
+DP_VALUES = {
+    "deviceConfig": {
+        "resources": [{"name": RESOURCE, "devices": ["/dev/kvm"], "allocate": "cdi", "cdi": {"file_mode": "0666"}}]
+    },
+    "hostPaths": {"dev": PRIVATE_DEV},
+    "nodeSelector": {POOL: "device-plugin"},
+}
+
+
+# --- the pods -------------------------------------------------------------------------
+
+
+def example_pod() -> dict[str, Any]:
+    """The example pod as shipped, running the micro-VM with the project image."""
+    pod: dict[str, Any] = yaml.safe_load(EXAMPLE_POD.read_text())
+    container = pod["spec"]["containers"][0]
+    container.update(image=PLUGIN_IMAGE, imagePullPolicy="Never", command=["python3", "-c", HOLD_VM])
+    return pod
+
+
+def deployment(replicas: int) -> dict[str, Any]:
+    pod = example_pod()
+    template = {"metadata": {"labels": pod["metadata"]["labels"]}, "spec": {**pod["spec"], "restartPolicy": "Always"}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": DEPLOYMENT, "namespace": WORKLOADS},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": pod["metadata"]["labels"]}, "template": template},
+    }
+
+
+def pods(cluster: Cluster) -> list[dict[str, Any]]:
+    """The Deployment's pods not being deleted."""
+    items = cluster.get_json("pods", "-n", WORKLOADS, "-l", f"app.kubernetes.io/name={DEPLOYMENT}")["items"]
+    return [
+        p
+        for p in items
+        if not p["metadata"].get("deletionTimestamp") and "pod-template-hash" in p["metadata"]["labels"]
+    ]
+
+
+def report(cluster: Cluster, pod: dict[str, Any]) -> dict[str, Any] | None:
+    """What the pod's micro-VM printed, once it runs."""
+    name = pod["metadata"]["name"]
+    current = cluster.get_json("pod", "-n", WORKLOADS, name)
+    if current["status"].get("phase") != "Running":
+        return None
+    logs = cluster.kubectl("logs", "-n", WORKLOADS, name, check=False).strip()
+    return json.loads(logs.splitlines()[-1]) if logs else None
+
+
+def wait_report(cluster: Cluster, pod: dict[str, Any], timeout: float = 180) -> dict[str, Any]:
+    name = pod["metadata"]["name"]
+    try:
+        return wait_until(f"{name} running its micro-VM", lambda: report(cluster, pod), timeout)
+    except ClusterError:
+        print(cluster.kubectl("describe", "pod", "-n", WORKLOADS, name, check=False))
+        raise
+
+
+def ran_vm(found: dict[str, Any]) -> bool:
+    vm = found.get("vm") or {}
+    return (found.get("uid"), vm.get("api_version"), vm.get("serial"), (vm.get("exits") or [[]])[-1]) == (
+        10001, KVM_API_VERSION, "4\n", ["hlt"],
+    )  # fmt: skip
+
+
+def started(cluster: Cluster, pod: dict[str, Any]) -> dict[str, Any]:
+    """Apply ``pod`` under a fresh name and return it as the API server holds it once it runs."""
+    pod = copy.deepcopy(pod)
+    pod["metadata"]["name"] += "-" + uuid.uuid4().hex[:6]
+    cluster.apply(pod)
+    wait_report(cluster, pod)
+    got: dict[str, Any] = cluster.get_json("pod", "-n", WORKLOADS, pod["metadata"]["name"])
+    return got
+
+
+def delete(cluster: Cluster, *names: str) -> None:
+    if names:
+        cluster.kubectl("delete", "pod", "-n", WORKLOADS, *names, "--wait=true", timeout=180)
+
+
+def claim_of(cluster: Cluster, pod: dict[str, Any]) -> dict[str, Any] | None:
+    """The ResourceClaim the scheduler made for the pod's extended resource (None: device plugin)."""
+    status = pod["status"].get("extendedResourceClaimStatus")
+    if not status:
+        return None
+    found: dict[str, Any] = cluster.get_json("resourceclaim", "-n", WORKLOADS, status["resourceClaimName"])
+    return found
+
+
+def results(claim: dict[str, Any]) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = claim["status"]["allocation"]["devices"]["results"]
+    return found
+
+
+def resource_health(cluster: Cluster, name: str) -> list[dict[str, Any]]:
+    """``containerStatuses[0].allocatedResourcesStatus`` of a pod, as kubectl get pod -o yaml shows it."""
+    pod = cluster.get_json("pod", "-n", WORKLOADS, name)
+    statuses = pod["status"].get("containerStatuses") or [{}]
+    found: list[dict[str, Any]] = statuses[0].get("allocatedResourcesStatus") or []
+    return found
+
+
+def healths(cluster: Cluster, name: str) -> set[str]:
+    return {r.get("health", "") for s in resource_health(cluster, name) for r in s.get("resources", [])}
+
+
+# --- the node side --------------------------------------------------------------------
+
+
+def node_of(cluster: Cluster, name: str) -> Node:
+    return next(n for n in cluster.nodes if n.name == name)
+
+
+def plugin_pod(cluster: Cluster, release: str, node: Node) -> dict[str, Any] | None:
+    items = cluster.get_json("pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/instance={release}")["items"]
+    return next(
+        (p for p in items if p["spec"].get("nodeName") == node.name and not p["metadata"].get("deletionTimestamp")
+         and is_ready(p)),
+        None,
+    )  # fmt: skip
+
+
+def wait_plugin(cluster: Cluster, release: str, node: Node) -> dict[str, Any]:
+    return wait_until(f"the {release} pod Ready on {node.name}", lambda: plugin_pod(cluster, release, node), 240)
+
+
+def no_plugin(cluster: Cluster, release: str, node: Node) -> bool:
+    items = cluster.get_json("pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/instance={release}")["items"]
+    return not [p for p in items if p["spec"].get("nodeName") == node.name]
+
+
+def slices(cluster: Cluster, node: Node) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = cluster.get_json("resourceslices")["items"]
+    return [s for s in items if s["spec"]["driver"] == DRIVER and s["spec"].get("nodeName") == node.name]
+
+
+def devices(cluster: Cluster, node: Node) -> list[dict[str, Any]]:
+    return [d for s in slices(cluster, node) for d in s["spec"].get("devices", [])]
+
+
+def wait_devices(cluster: Cluster, node: Node, count: int) -> list[dict[str, Any]]:
+    def published() -> list[dict[str, Any]] | None:
+        found = devices(cluster, node)
+        return found if len(found) == count else None
+
+    return wait_until(f"{count} devices in {node.name}'s slices", published, 120)
+
+
+def install(helm: Helm, release: str, values: dict[str, Any]) -> None:
+    helm.run("install", release, str(CHART), "--namespace", NAMESPACE, "--create-namespace", *IMAGE_VALUES,
+             "--set-json", f"deviceConfig={json.dumps(values.pop('deviceConfig'))}",
+             *[a for k, v in values.items() for a in ("--set-json", f"{k}={json.dumps(v)}")],
+             "--wait", "--timeout", "5m")  # fmt: skip
+
+
+def kvm_present(node: Node, present: bool) -> None:
+    """The plugins' device node on ``node`` (their /dev): made, or removed as by an unloaded module."""
+    if present:
+        node.run(["sh", "-ec", f"mkdir -p {PRIVATE_DEV}; [ -e {KVM} ] || mknod -m 0600 {KVM} c 10 232"])
+    else:
+        node.run(["rm", "-f", KVM])
+
+
+@contextlib.contextmanager
+def cordoned(cluster: Cluster, node: Node) -> Iterator[None]:
+    cluster.kubectl("cordon", node.name)
+    try:
+        yield
+    finally:
+        cluster.kubectl("uncordon", node.name)
+
+
+def scale(cluster: Cluster, replicas: int) -> list[dict[str, Any]]:
+    """Scale the Deployment; its pods once every one runs its micro-VM."""
+    cluster.kubectl("scale", "deployment", "-n", WORKLOADS, DEPLOYMENT, f"--replicas={replicas}")
+    wait_until(f"{replicas} pods of {DEPLOYMENT}", lambda: len(pods(cluster)) == replicas, 120)
+    found = pods(cluster)
+    for pod in found:
+        assert ran_vm(wait_report(cluster, pod)), pod["metadata"]["name"]
+    return pods(cluster)
+
+
+# --- fixtures -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def nodes(cluster_137: Cluster) -> Iterator[tuple[Node, Node]]:
+    """The two nodes with the plugins' device node; removed again at the end (after both
+    releases), so the later modules on this cluster find the nodes' /run as it was."""
+    first, second = cluster_137.nodes
+    try:
+        for node in (first, second):
+            kvm_present(node, True)
+        yield first, second
+    finally:
+        for node in (first, second):
+            node.run(["rm", "-rf", PRIVATE_DEV])
+
+
+@pytest.fixture(scope="module")
+def dra_installed(cluster_137: Cluster, helm_137: Helm, nodes: tuple[Node, Node]) -> Iterator[None]:
+    _, second = nodes
+    second.label({POOL: "dra"})
+    try:
+        install(helm_137, DRA_RELEASE, copy.deepcopy(DRA_VALUES))
+        ensure_workload_namespace(cluster_137)
+        cluster_137.apply(CLAIM_TEMPLATE)
+        yield
+    finally:
+        cluster_137.kubectl("delete", "deployment", "-n", WORKLOADS, DEPLOYMENT, "--ignore-not-found", "--wait=true",
+                            timeout=180)  # fmt: skip
+        for release in (DP_RELEASE, DRA_RELEASE):
+            if helm_137.run("status", release, "-n", NAMESPACE, check=False).returncode == 0:
+                helm_137.run("uninstall", release, "--namespace", NAMESPACE, "--wait", "--timeout", "2m")
+        for node in nodes:
+            node.label({POOL: None})
+
+
+# --- 1. one shareable device per resource -----------------------------------------------
+
+
+def test_the_dra_node_publishes_one_shareable_device_and_its_slots(
+    cluster_137: Cluster, nodes: tuple[Node, Node], dra_installed: None
+) -> None:
+    first, second = nodes
+    plugin = wait_plugin(cluster_137, DRA_RELEASE, second)
+    found = wait_devices(cluster_137, second, 1 + SLOTS)
+    print("kubectl get resourceslices -o yaml (devices):\n" + yaml.safe_dump(found))
+    shared, *slots = found
+    assert shared == {
+        "name": SHARED,
+        "attributes": {"resource": {"string": RESOURCE}},
+        "allowMultipleAllocations": True,
+        "capacity": {"shares": {"value": str(UNITS), "requestPolicy": {
+            "default": "1", "validRange": {"min": "1", "max": str(UNITS), "step": "1"}}}},
+    }  # fmt: skip
+    assert [d["name"] for d in slots] == [f"{SHARED}-{i}" for i in range(SLOTS)]
+    values = metrics(cluster_137, plugin)
+    assert sample(values, "ate_devplugin_dra_sharing", model="capacity") == 1
+    assert sample(values, "ate_devplugin_dra_slice_devices", resource_name=RESOURCE) == 1 + SLOTS
+    # Written once: the 1.37 API server kept every field.
+    assert sample(values, "ate_devplugin_dra_slice_writes_total", op="update", result="success") == 0
+    [item] = slices(cluster_137, second)
+    assert item["spec"]["pool"]["generation"] == 1
+    [kvm_class] = [c for c in cluster_137.get_json("deviceclasses")["items"] if c["metadata"]["name"] == DEVICE_CLASS]
+    assert kvm_class["spec"]["extendedResourceName"] == RESOURCE
+    assert second.resource("allocatable", RESOURCE) is None
+    assert first.resource("allocatable", RESOURCE) is None  # no plugin there yet
+
+
+# --- 2. the README's pod spec on a DRA node ----------------------------------------------
+
+
+def test_the_readme_pod_runs_its_micro_vm_on_the_dra_node_through_a_generated_claim(
+    cluster_137: Cluster, nodes: tuple[Node, Node], dra_installed: None
+) -> None:
+    _, second = nodes
+    pod = started(cluster_137, example_pod())
+    name = pod["metadata"]["name"]
+    try:
+        found = wait_report(cluster_137, pod)
+        print(f"{name} on {pod['spec']['nodeName']}: {found}")
+        assert ran_vm(found), found
+        assert pod["spec"]["nodeName"] == second.name
+        claim = claim_of(cluster_137, pod)
+        assert claim is not None, "no extendedResourceClaimStatus: not served by DRA"
+        shown = {"spec": claim["spec"], "status": claim["status"]}
+        print(f"generated claim {claim['metadata']['name']}:\n{yaml.safe_dump(shown)}")
+        assert claim["metadata"]["name"].startswith(f"{name}-extended-resources-")
+        assert claim["metadata"]["annotations"]["resource.kubernetes.io/extended-resource-claim"] == "true"
+        [request] = claim["spec"]["devices"]["requests"]
+        assert request["name"] == "container-0-request-0"
+        assert request["exactly"]["deviceClassName"] == DEVICE_CLASS
+        assert request["exactly"].get("count", 1) == 1
+        [result] = results(claim)
+        assert (result["driver"], result["pool"], result["device"]) == (DRIVER, second.name, SHARED)
+        assert result["shareID"]
+        assert result["consumedCapacity"] == {"shares": "1"}
+        [mapping] = pod["status"]["extendedResourceClaimStatus"]["requestMappings"]
+        assert mapping == {
+            "containerName": "vm-worker",
+            "resourceName": RESOURCE,
+            "requestName": "container-0-request-0",
+        }
+    finally:
+        delete(cluster_137, name)
+
+
+def test_a_pod_without_the_request_cannot_open_kvm(
+    cluster_137: Cluster, nodes: tuple[Node, Node], dra_installed: None
+) -> None:
+    pod = example_pod()
+    del pod["spec"]["containers"][0]["resources"]["limits"][RESOURCE]
+    got = started(cluster_137, pod)
+    try:
+        found = wait_report(cluster_137, got)
+        print(f"without ate.dev/kvm: {found}")
+        assert found.get("vm_error", "").startswith("FileNotFoundError"), found
+        assert not got["status"].get("extendedResourceClaimStatus")
+    finally:
+        delete(cluster_137, got["metadata"]["name"])
+
+
+def test_two_units_are_two_distinct_devices(
+    cluster_137: Cluster, nodes: tuple[Node, Node], dra_installed: None
+) -> None:
+    """``ate.dev/kvm: 2`` is a request for two devices: the shareable one and a slot, one
+    /dev/kvm in the container (the driver names the CDI device once per request)."""
+    pod = example_pod()
+    pod["metadata"]["name"] = "kvm-two-units"
+    pod["spec"]["containers"][0]["resources"]["limits"][RESOURCE] = 2
+    got = started(cluster_137, pod)
+    try:
+        found = wait_report(cluster_137, got)
+        assert ran_vm(found), found
+        claim = claim_of(cluster_137, got)
+        assert claim is not None
+        allocated = sorted(r["device"] for r in results(claim))
+        print(f"ate.dev/kvm: 2 was allocated {allocated}")
+        assert allocated == [SHARED, f"{SHARED}-0"]
+    finally:
+        delete(cluster_137, got["metadata"]["name"])
+
+
+# --- 3. DRA health in the pod's status ----------------------------------------------------
+
+
+def test_dra_device_health_shows_in_the_pod_status(
+    cluster_137: Cluster, nodes: tuple[Node, Node], dra_installed: None
+) -> None:
+    """A pod with a claim from a template sees its device Unhealthy while /dev/kvm is gone and
+    Healthy when it is back. A pod served through the extended resource gets no DRA health:
+    the kubelet reports it only for containers with resources.claims (kubernetes/kubernetes#140060;
+    v1.37.2 pkg/kubelet/cm/dra/manager.go, UpdateAllocatedResourcesStatus skips a container
+    whose Resources.Claims is empty)."""
+    _, second = nodes
+    claimed = example_pod()
+    claimed["metadata"]["name"] = "kvm-claim"
+    claimed["spec"]["resourceClaims"] = [{"name": "kvm", "resourceClaimTemplateName": "kvm"}]
+    container = claimed["spec"]["containers"][0]
+    del container["resources"]["limits"][RESOURCE]
+    container["resources"]["claims"] = [{"name": "kvm"}]
+    with_claim = started(cluster_137, claimed)
+    extended = started(cluster_137, example_pod())
+    names = [with_claim["metadata"]["name"], extended["metadata"]["name"]]
+    try:
+        plugin = wait_plugin(cluster_137, DRA_RELEASE, second)
+        assert sample(metrics(cluster_137, plugin), "ate_devplugin_dra_health_streams", version="v1") == 1
+        wait_until("Healthy in the pod status", lambda: healths(cluster_137, names[0]) == {"Healthy"}, 120)
+        kvm_present(second, False)
+        try:
+            wait_until("Unhealthy in the pod status", lambda: healths(cluster_137, names[0]) == {"Unhealthy"}, 120)
+            status = resource_health(cluster_137, names[0])
+            print(f"kubectl get pod {names[0]} -o yaml: allocatedResourcesStatus:\n{yaml.safe_dump(status)}")
+            [entry] = status
+            assert entry["name"] == "claim:kvm"
+            [device] = entry["resources"]
+            assert device["resourceID"] == "ate.dev/kvm=kvm"
+            assert device["message"] == "ate.dev/kvm: device node missing (/dev/kvm)"
+            assert resource_health(cluster_137, names[1]) == []  # kubernetes/kubernetes#140060
+        finally:
+            kvm_present(second, True)
+        wait_until("Healthy again", lambda: healths(cluster_137, names[0]) == {"Healthy"}, 120)
+        print(f"back: {yaml.safe_dump(resource_health(cluster_137, names[0]))}")
+    finally:
+        delete(cluster_137, *names)
+    wait_devices(cluster_137, second, 1 + SLOTS)
+
+
+# --- 4. ten pods share one node's /dev/kvm -------------------------------------------------
+
+
+def test_ten_replicas_share_one_nodes_kvm(cluster_137: Cluster, nodes: tuple[Node, Node], dra_installed: None) -> None:
+    _, second = nodes
+    cluster_137.apply(deployment(0))
+    found = scale(cluster_137, REPLICAS)
+    assert {p["spec"]["nodeName"] for p in found} == {second.name}
+    claims = [claim_of(cluster_137, p) for p in found]
+    assert all(claims)
+    allocated = [(r["device"], r["shareID"]) for c in claims if c for r in results(c)]
+    print(f"{REPLICAS} replicas on {second.name}, their claims: {[c['metadata']['name'] for c in claims if c]}")
+    print(f"allocated: {allocated}")
+    assert {d for d, _ in allocated} == {SHARED}
+    assert len({s for _, s in allocated}) == REPLICAS
+    plugin = wait_plugin(cluster_137, DRA_RELEASE, second)
+    assert sample(metrics(cluster_137, plugin), "ate_devplugin_dra_claims_prepared") == REPLICAS
+
+
+# --- 5. one Deployment on a device-plugin node and a DRA node -------------------------------
+
+
+@pytest.fixture(scope="module")
+def mixed(cluster_137: Cluster, helm_137: Helm, nodes: tuple[Node, Node], dra_installed: None) -> dict[str, Any]:
+    """The first node joins the device-plugin pool; two more replicas land there (the DRA node
+    cordoned meanwhile). Returns {"dra": the DRA node's pods, "device-plugin": the first node's}."""
+    first, second = nodes
+    first.label({POOL: "device-plugin"})
+    install(helm_137, DP_RELEASE, copy.deepcopy(DP_VALUES))
+    wait_plugin(cluster_137, DP_RELEASE, first)
+    first.wait_resource(RESOURCE, str(UNITS))
+    before = {p["metadata"]["uid"] for p in pods(cluster_137)}
+    with cordoned(cluster_137, second):
+        found = scale(cluster_137, REPLICAS + 2)
+    new = [p for p in found if p["metadata"]["uid"] not in before]
+    return {"dra": [p for p in found if p["metadata"]["uid"] in before], "device-plugin": new}
+
+
+def test_one_deployment_runs_on_a_device_plugin_node_and_a_dra_node(
+    cluster_137: Cluster, nodes: tuple[Node, Node], mixed: dict[str, Any]
+) -> None:
+    first, second = nodes
+    on = {node.name: [p for p in pods(cluster_137) if p["spec"]["nodeName"] == node.name] for node in nodes}
+    print({n: [p["metadata"]["name"] for p in ps] for n, ps in on.items()})
+    assert len(on[first.name]) == 2
+    assert len(on[second.name]) == REPLICAS
+    for pod in on[first.name]:  # the device plugin's: no claim, a unit of the node's allocatable
+        assert claim_of(cluster_137, pod) is None
+    for pod in on[second.name]:
+        claim = claim_of(cluster_137, pod)
+        assert claim is not None
+        assert [r["device"] for r in results(claim)] == [SHARED]
+    assert first.resource("allocatable", RESOURCE) == str(UNITS)
+    assert second.resource("allocatable", RESOURCE) is None
+    # The same pod template: the scheduler chose the way per node.
+    templates = {json.dumps(p["spec"]["containers"][0]["resources"], sort_keys=True) for p in pods(cluster_137)}
+    assert len(templates) == 1
+
+
+def test_device_plugin_health_shows_in_the_pod_status(
+    cluster_137: Cluster, nodes: tuple[Node, Node], mixed: dict[str, Any]
+) -> None:
+    first, _ = nodes
+    name = mixed["device-plugin"][0]["metadata"]["name"]
+    wait_until("Healthy in the pod status", lambda: healths(cluster_137, name) == {"Healthy"}, 120)
+    kvm_present(first, False)
+    try:
+        wait_until("Unhealthy in the pod status", lambda: healths(cluster_137, name) == {"Unhealthy"}, 120)
+        status = resource_health(cluster_137, name)
+        print(f"kubectl get pod {name} -o yaml: allocatedResourcesStatus:\n{yaml.safe_dump(status)}")
+        [entry] = status
+        assert entry["name"] == RESOURCE
+        [unit] = entry["resources"]
+        assert unit["resourceID"].startswith("kvm-")
+        first.wait_resource(RESOURCE, "0")
+    finally:
+        kvm_present(first, True)
+    wait_until("Healthy again", lambda: healths(cluster_137, name) == {"Healthy"}, 120)
+    first.wait_resource(RESOURCE, str(UNITS))
+
+
+# --- 6. the device-plugin node migrated to DRA ---------------------------------------------
+
+
+def test_migrating_the_device_plugin_node_to_dra(
+    cluster_137: Cluster, nodes: tuple[Node, Node], mixed: dict[str, Any]
+) -> None:
+    """docs/runbook.md's steps, with no pod spec edited: cordon, drain the pods holding the
+    device plugin's units, take the node out of the device-plugin pool and wait for its
+    plugin to go, put it in the DRA pool, uncordon. The other node's pods run on untouched;
+    new replicas land on both nodes through DRA."""
+    first, second = nodes
+    untouched = {p["metadata"]["uid"]: p["status"]["containerStatuses"][0]["restartCount"] for p in mixed["dra"]}
+    cluster_137.kubectl("cordon", first.name)
+    cluster_137.kubectl("drain", first.name, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=180s",
+                        timeout=240)  # fmt: skip
+    first.label({POOL: None})
+    wait_until("the device plugin gone from the node", lambda: no_plugin(cluster_137, DP_RELEASE, first), 120)
+    first.label({POOL: "dra"})
+    wait_plugin(cluster_137, DRA_RELEASE, first)
+    wait_devices(cluster_137, first, 1 + SLOTS)
+    # The drained replicas came back on the DRA node, running their micro-VMs, while the
+    # first was cordoned.
+    back = scale(cluster_137, REPLICAS + 2)
+    assert {p["spec"]["nodeName"] for p in back} == {second.name}
+    cluster_137.kubectl("uncordon", first.name)
+    before = {p["metadata"]["uid"] for p in back}
+    with cordoned(cluster_137, second):
+        scale(cluster_137, REPLICAS + 4)
+    with cordoned(cluster_137, first):
+        found = scale(cluster_137, REPLICAS + 6)
+    new = [p for p in found if p["metadata"]["uid"] not in before]
+    on = {node.name: [p for p in new if p["spec"]["nodeName"] == node.name] for node in nodes}
+    print({n: [p["metadata"]["name"] for p in ps] for n, ps in on.items()})
+    assert len(on[first.name]) == 2
+    assert len(on[second.name]) == 2
+    for node in nodes:
+        for pod in on[node.name]:
+            claim = claim_of(cluster_137, pod)
+            assert claim is not None, f"{pod['metadata']['name']} not served by DRA"
+            assert [(r["pool"], r["device"]) for r in results(claim)] == [(node.name, SHARED)]
+    # Nothing of the DRA node's first pods was disturbed.
+    now = {p["metadata"]["uid"]: p["status"]["containerStatuses"][0]["restartCount"] for p in pods(cluster_137)}
+    assert {uid: now.get(uid) for uid in untouched} == untouched
