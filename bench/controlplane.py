@@ -6,7 +6,7 @@ on the sandbox's tmpfs, and everything ends with the sandbox. Clients authentica
 bearer tokens from a static token file (one identity per node, so the audit log tells
 the nodes apart), and the API server writes an audit log (metadata of every request)
 that the benches count requests from. Binaries: kube-apiserver from tools/build-k8s.sh
-(``build/k8s`` or ``$K8S_BIN_DIR``), etcd from Debian.
+(``build/k8s/1.35`` or ``$K8S_BIN_DIR``), etcd from Debian.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ rules:
 
 
 def k8s_bin_dir() -> Path:
-    return Path(os.environ.get("K8S_BIN_DIR", REPO / "build" / "k8s"))
+    return Path(os.environ.get("K8S_BIN_DIR", REPO / "build" / "k8s" / "1.35"))
 
 
 def missing() -> str | None:

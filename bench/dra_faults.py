@@ -16,7 +16,7 @@ kubelet's DRA side: it calls the driver's sockets itself.
     registration_error NotifyRegistrationStatus(false) with a 1 MiB error, 5 times
     generation_max     a slice in our pool at generation 2^63-1, then a device change
 
-Needs root, util-linux, the kubelet bench (1.35), build/k8s/kube-apiserver and etcd.
+Needs root, util-linux, the kubelet bench (1.35), build/k8s/1.35/kube-apiserver and etcd.
 """
 
 from __future__ import annotations

@@ -455,7 +455,7 @@ class FleetBench:
         self.kubelet = kubelet
         version = cp.must("GET", f"/api/v1/nodes/{kubelet_load.NODE}")["status"]["nodeInfo"]["kubeletVersion"]
         return {
-            "source": f"a real kubelet {version} (build/k8s) on Debian's containerd, no pods, same API server",
+            "source": f"a real kubelet {version} (build/k8s/1.35) on Debian's containerd, no pods, same API server",
             "start_s": up - began,
         }
 

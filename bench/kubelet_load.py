@@ -1,6 +1,6 @@
 """A real kubelet as the fleet bench's reference: its own API load per node.
 
-The kubelet from tools/build-k8s.sh (``build/k8s/kubelet``) runs in the fleet's sandbox
+The kubelet from tools/build-k8s.sh (``build/k8s/1.35/kubelet``) runs in the fleet's sandbox
 against the same API server, with Debian's containerd as its runtime, as node
 ``kubelet-ref`` with a node identity (``system:node:kubelet-ref``, group
 ``system:nodes``: the Node authorizer and NodeRestriction apply as on any node). It runs

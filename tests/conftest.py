@@ -34,7 +34,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -139,7 +139,9 @@ def spawn_daemon(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Spa
 def daemon(kubelet_ns: Namespace, device_root: Path, spawn_daemon: SpawnDaemon) -> MakeDaemon:
     """``daemon(config=None, env=None, start=True)``: our daemon in the bench's namespace."""
 
-    def make(config: str | None = None, *, env: dict[str, str] | None = None, start: bool = True) -> DevicePluginDaemon:
+    def make(
+        config: str | None = None, *, env: Mapping[str, str | None] | None = None, start: bool = True
+    ) -> DevicePluginDaemon:
         return spawn_daemon(device_root, ns=kubelet_ns, config=config, env=env, start=start)
 
     return make

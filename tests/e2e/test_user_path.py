@@ -46,6 +46,7 @@ from tests.e2e.cluster import (
     DEBIAN_CONTAINERD,
     GATEWAY,
     Cluster,
+    ClusterError,
     Node,
     wait_until,
 )
@@ -417,7 +418,9 @@ def test_slice_policy_keeps_a_token_to_its_own_node(
         def refused() -> str | None:
             code, text = as_driver("create", "-f", "-", stdin=other)
             if code == 0:
-                as_driver("delete", "resourceslice", "policy-check-other")
+                # As the admin: the policy may load between this create and the delete, and
+                # then refuse the driver's delete, leaving the slice to make later creates fail.
+                cluster.kubectl("delete", "resourceslice", "policy-check-other", "--ignore-not-found")
                 return None
             return text
 
@@ -432,8 +435,17 @@ def test_slice_policy_keeps_a_token_to_its_own_node(
         for obj in objects:
             if obj["kind"].startswith("ValidatingAdmissionPolicy"):
                 cluster.kubectl("delete", obj["kind"], obj["metadata"]["name"])
-        allowed = lambda: as_driver("create", "-f", "-", stdin=other)[0] == 0  # noqa: E731
-        wait_until("RBAC alone to allow it", allowed, 60, interval=1)
+        last: list[str] = []
+
+        def allowed() -> bool:
+            code, text = as_driver("create", "-f", "-", stdin=other)
+            last[:] = [text]
+            return code == 0
+
+        try:
+            wait_until("RBAC alone to allow it", allowed, 60, interval=1)
+        except ClusterError as exc:
+            raise AssertionError(f"{exc}: {last}") from exc
     finally:
         cluster.kubectl("delete", "resourceslice", "policy-check-own", "policy-check-other", "--ignore-not-found",
                         check=False)  # fmt: skip

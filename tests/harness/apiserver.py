@@ -6,7 +6,7 @@ those parts by writing objects (a Node, ResourceClaims with an allocation in the
 status) with an admin token. The daemon gets a kubeconfig of its own identity, bound to
 the permissions the chart's ClusterRole grants. The advertise address is loopback and no
 endpoint reconciler runs, so nothing is ever sent to another address.
-Binaries: kube-apiserver from tools/build-k8s.sh (``build/k8s`` or ``$K8S_BIN_DIR``),
+Binaries: kube-apiserver from tools/build-k8s.sh (``build/k8s/1.35`` or ``$K8S_BIN_DIR``),
 etcd from Debian (etcd-server).
 """
 
@@ -46,7 +46,7 @@ DRIVER_RULES = [
 
 
 def k8s_bin_dir() -> Path:
-    return Path(os.environ.get("K8S_BIN_DIR", REPO / "build" / "k8s"))
+    return Path(os.environ.get("K8S_BIN_DIR", REPO / "build" / "k8s" / "1.35"))
 
 
 def missing() -> str | None:

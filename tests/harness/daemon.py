@@ -40,7 +40,7 @@ class DevicePluginDaemon:
         ns: Namespace | None = None,
         config: str | None = None,
         plugin_dir: str = PLUGIN_DIR,
-        env: Mapping[str, str] | None = None,
+        env: Mapping[str, str | None] | None = None,
         args: Sequence[str] = (),
     ) -> None:
         self.ns = ns
@@ -49,7 +49,8 @@ class DevicePluginDaemon:
         self.port = free_port()
         # CDI specs go to the test's own directory, never the host's /var/run/cdi.
         self.cdi_dir = log_dir / "cdi"
-        self.env = {**os.environ, "ATE_DEVPLUGIN_CDI_DIR": str(self.cdi_dir), **(env or {})}
+        merged = {**os.environ, "ATE_DEVPLUGIN_CDI_DIR": str(self.cdi_dir), **(env or {})}
+        self.env = {k: v for k, v in merged.items() if v is not None}  # None: left unset
         self.args = list(args)
         log_dir.mkdir(parents=True, exist_ok=True)
         self.config_path: Path | None = None
