@@ -16,7 +16,9 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import shutil
 import socket
 import threading
 import time
@@ -40,6 +42,7 @@ __all__ = [
     "PodResourcesPeer",
     "SilentPeer",
     "SpawnDaemon",
+    "remove_tree",
     "set_read_only",
     "soak",
     "soak_scale",
@@ -295,3 +298,18 @@ class PodResourcesPeer:
 
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
+
+
+def remove_tree(path: Path) -> None:
+    """rmtree, again when a daemon wrote into the tree between rmtree's listing and its rmdir
+    (the CDI writer restores its directory within milliseconds)."""
+    for _ in range(100):
+        try:
+            shutil.rmtree(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY:
+                raise
+    raise AssertionError(f"{path} written again faster than it could be removed, 100 times")

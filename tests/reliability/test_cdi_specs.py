@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 
 from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2_grpc
 from tests.harness.daemon import DevicePluginDaemon, MakeDaemon
-from tests.harness.faults import log_matches, set_read_only
+from tests.harness.faults import log_matches, remove_tree, set_read_only
 from tests.harness.kubelet import KubeletBench, Namespace
 from tests.harness.wait import wait_until
 from tests.reliability.test_hostile_peers import KVM, allocate_request, full, plugin_target
@@ -75,7 +74,7 @@ def test_a_removed_or_tampered_spec_is_written_again(
     spec_path(kubelet_ns).unlink()
     back_within(kubelet_ns, "the file was removed")
 
-    shutil.rmtree(kubelet_ns.path(CDI_DIR))  # what a reboot does to /var/run/cdi
+    remove_tree(kubelet_ns.path(CDI_DIR))  # what a reboot does to /var/run/cdi
     back_within(kubelet_ns, "the directory was removed")
 
     tampered = json.loads(spec_path(kubelet_ns).read_text())
@@ -128,7 +127,7 @@ def test_never_through_a_symlink_nor_over_a_foreign_spec(
     victim = elsewhere / SPEC
     victim.write_text('{"cdiVersion": "0.6.0", "kind": "other.vendor/kvm", "devices": []}')
     # The directory swapped for a symlink to another one holding a file of our name.
-    shutil.rmtree(kubelet_ns.path(CDI_DIR))
+    remove_tree(kubelet_ns.path(CDI_DIR))
     os.symlink(elsewhere, kubelet_ns.path(CDI_DIR))
     wait_until(lambda: b"symlink" in d.get("/readyz")[1], 10, "unready, saying why")
     assert allocate_status(kubelet_ns)[0] == grpc.StatusCode.FAILED_PRECONDITION

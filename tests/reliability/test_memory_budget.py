@@ -12,16 +12,14 @@ Kubernetes client) is in the figure.
 
 from __future__ import annotations
 
-import errno
 import json
-import shutil
 from pathlib import Path
 
 import grpc
 import pytest
 
 from tests.harness.daemon import DevicePluginDaemon
-from tests.harness.faults import Footprint, PodResourcesPeer, SpawnDaemon
+from tests.harness.faults import Footprint, PodResourcesPeer, SpawnDaemon, remove_tree
 from tests.harness.kubelet import KubeletBench, Namespace
 from tests.harness.wait import wait_until
 from tests.reliability.test_hostile_peers import KVM, _unary, allocate_request, full, plugin_target
@@ -120,18 +118,3 @@ def test_the_worst_inputs_keep_memory_under_the_budget(
     worst = max(peaks, key=lambda k: peaks[k])
     print(f"{mode}: idle {idle:.1f} MiB; peaks: " + "; ".join(f"{k} {v:.1f}" for k, v in peaks.items()))
     assert peaks[worst] < BUDGET_MIB[mode], f"{worst}: {peaks[worst]:.1f} MiB"
-
-
-def remove_tree(path: Path) -> None:
-    """rmtree, again when the daemon wrote its spec back between rmtree's listing and its
-    rmdir (it restores the directory within milliseconds)."""
-    for _ in range(100):
-        try:
-            shutil.rmtree(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            if exc.errno != errno.ENOTEMPTY:
-                raise
-    raise AssertionError(f"{path} written again faster than it could be removed, 100 times")
