@@ -18,7 +18,6 @@ import os
 import secrets
 import shutil
 import ssl
-import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.e2e.sandbox import Process, Sandbox
+from tests.harness.apiserver import https_request, k8s_bin_dir, write_kubeconfig, write_pki
 
 REPO = Path(__file__).resolve().parents[1]
 API_PORT = 6443
@@ -40,10 +40,6 @@ omitStages: [RequestReceived]
 rules:
   - level: Metadata
 """
-
-
-def k8s_bin_dir() -> Path:
-    return Path(os.environ.get("K8S_BIN_DIR", REPO / "build" / "k8s" / "1.35"))
 
 
 def missing() -> str | None:
@@ -125,22 +121,8 @@ class ControlPlane:
         ])  # fmt: skip
         self.start_apiserver()
 
-    def _openssl(self, *args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=self.pki, check=True, capture_output=True, timeout=60)
-
     def _certificates(self) -> None:
-        """A CA, the API server's serving certificate, the service-account key pair."""
-        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-        self._openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=bench-ca")
-        (self.pki / "apiserver.ext").write_text(
-            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
-            f"extendedKeyUsage=serverAuth\nsubjectAltName=DNS:localhost,IP:127.0.0.1,IP:{ADVERTISE_IP}\n"
-        )
-        self._openssl("req", "-new", *ec, "-keyout", "apiserver.key", "-out", "apiserver.csr", "-subj", "/CN=apiserver")
-        self._openssl("x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-                      "-days", "2", "-sha256", "-extfile", "apiserver.ext", "-out", "apiserver.crt")  # fmt: skip
-        self._openssl("genpkey", "-algorithm", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-out", "sa.key")
-        self._openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub")
+        write_pki(self.pki, "bench", ["127.0.0.1", ADVERTISE_IP])
         (self.work / "audit-policy.yaml").write_text(AUDIT_POLICY)
 
     def add_user(self, user: str, groups: str = "") -> Path:
@@ -150,15 +132,8 @@ class ControlPlane:
         self.tokens[user] = (token, groups)
         lines = [f'{t},{u},{u},"{g}"' for u, (t, g) in self.tokens.items()]
         (self.pki / "tokens.csv").write_text("\n".join(lines) + "\n")
-        path = self.pki / f"{user.replace(':', '_')}.kubeconfig"
-        path.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "bench",
-            "clusters": [{"name": "bench", "cluster": {"server": f"https://127.0.0.1:{API_PORT}",
-                                                       "certificate-authority": str(self.pki / "ca.crt")}}],
-            "users": [{"name": user, "user": {"token": token}}],
-            "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": user}}],
-        }))  # fmt: skip
-        return path
+        server = f"https://127.0.0.1:{API_PORT}"
+        return write_kubeconfig(self.kubeconfig(user), server, self.pki / "ca.crt", user, token)
 
     def kubeconfig(self, user: str = ADMIN) -> Path:
         return self.pki / f"{user.replace(':', '_')}.kubeconfig"
@@ -212,29 +187,8 @@ class ControlPlane:
         self, method: str, path: str, body: Any = None, *, timeout: float = 30, user: str = ADMIN
     ) -> tuple[int, Any]:
         """One HTTPS request from inside the sandbox; the JSON answer (or text)."""
-        token = self.tokens[user][0]
-        ca = str(self.pki / "ca.crt")
-
-        def call() -> tuple[int, Any]:
-            ctx = ssl.create_default_context(cafile=ca)
-            conn = http.client.HTTPSConnection("127.0.0.1", API_PORT, context=ctx, timeout=timeout)
-            try:
-                headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
-                data = None
-                if body is not None:
-                    data = json.dumps(body).encode()
-                    headers["Content-Type"] = "application/json"
-                conn.request(method, path, body=data, headers=headers)
-                resp = conn.getresponse()
-                raw = resp.read().decode()
-            finally:
-                conn.close()
-            try:
-                return resp.status, json.loads(raw)
-            except json.JSONDecodeError:
-                return resp.status, raw
-
-        return self.sandbox.in_netns(call)
+        token, ca = self.tokens[user][0], self.pki / "ca.crt"
+        return self.sandbox.in_netns(lambda: https_request(API_PORT, ca, token, method, path, body, timeout))
 
     def must(self, method: str, path: str, body: Any = None) -> Any:
         status, answer = self.request(method, path, body)

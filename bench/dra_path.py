@@ -47,9 +47,10 @@ from typing import IO, Any
 
 from bench import controlplane, procstat
 from bench.controlplane import ADMIN, ControlPlane
-from bench.fleet import DRIVER_RULES, NULL
+from bench.fleet import NULL
 from bench.stats import summary_ms
 from tests.e2e.sandbox import Process, children, die_with_parent
+from tests.harness.apiserver import DRIVER_RULES
 from tests.harness.devices import add_device_node
 from tests.harness.kubelet import bench_binary, built_versions
 

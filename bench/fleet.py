@@ -45,6 +45,7 @@ from bench import controlplane, kubelet_load, procstat
 from bench.controlplane import ControlPlane
 from bench.kubelet_load import RealKubelet
 from tests.e2e.sandbox import Process
+from tests.harness.apiserver import DRIVER_RULES
 from tests.harness.devices import DeviceNumber, add_device_node
 
 log = logging.getLogger("bench")
@@ -55,13 +56,6 @@ SLOTS = 32  # the daemon's default --dra-slots
 GROUP = "ate-devplugin"
 NULL = DeviceNumber(1, 3)
 WRITES = ("create", "update", "patch", "delete", "deletecollection")
-# The chart's ClusterRole for the DRA driver (chart/templates: resourceslices, resourceclaims, nodes).
-DRIVER_RULES = [
-    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
-     "verbs": ["get", "list", "watch", "create", "update", "delete"]},
-    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
-    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
-]  # fmt: skip
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 

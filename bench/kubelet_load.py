@@ -18,8 +18,9 @@ import shutil
 import time
 from pathlib import Path
 
-from bench.controlplane import ADVERTISE_IP, ControlPlane, k8s_bin_dir
+from bench.controlplane import ADVERTISE_IP, ControlPlane
 from tests.e2e.sandbox import Process
+from tests.harness.apiserver import k8s_bin_dir
 
 NODE = "kubelet-ref"
 USER = f"system:node:{NODE}"

@@ -59,6 +59,61 @@ def missing() -> str | None:
     return None
 
 
+def write_pki(pki: Path, name: str, addresses: Sequence[str]) -> None:
+    """In ``pki``: a CA (``<name>-ca``), the API server's serving certificate for localhost
+    and ``addresses``, and the service-account key pair."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=pki, check=True, capture_output=True, timeout=60)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", f"/CN={name}-ca")
+    sans = ",".join(["DNS:localhost", *(f"IP:{a}" for a in addresses)])
+    (pki / "apiserver.ext").write_text(
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+        f"extendedKeyUsage=serverAuth\nsubjectAltName={sans}\n"
+    )
+    openssl("req", "-new", *ec, "-keyout", "apiserver.key", "-out", "apiserver.csr", "-subj", "/CN=apiserver")
+    openssl("x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-days", "2", "-sha256", "-extfile", "apiserver.ext", "-out", "apiserver.crt")  # fmt: skip
+    openssl("genpkey", "-algorithm", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-out", "sa.key")
+    openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub")
+
+
+def write_kubeconfig(path: Path, server: str, ca: Path, user: str, token: str) -> Path:
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": user}}],
+    }))  # fmt: skip
+    return path
+
+
+def https_request(
+    port: int, ca: Path, token: str, method: str, path: str, body: Any = None, timeout: float = 30
+) -> tuple[int, Any]:
+    """One HTTPS request to 127.0.0.1:``port`` with a bearer token: the status and the JSON
+    answer (or its text)."""
+    ctx = ssl.create_default_context(cafile=str(ca))
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=timeout)
+    try:
+        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        conn.request(method, path, body=data, headers=headers)
+        response = conn.getresponse()
+        raw = response.read().decode()
+    finally:
+        conn.close()
+    try:
+        return response.status, json.loads(raw)
+    except json.JSONDecodeError:
+        return response.status, raw
+
+
 class ApiServer:
     """etcd + kube-apiserver in ``work``; a context manager."""
 
@@ -128,35 +183,15 @@ class ApiServer:
         with (self.work / f"{name}.log").open("ab") as log:
             return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
 
-    def _openssl(self, *args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=self.pki, check=True, capture_output=True, timeout=60)
-
     def _certificates(self) -> None:
-        """A CA, the serving certificate for 127.0.0.1, the service-account keys, the tokens."""
-        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-        self._openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=test-ca")
-        (self.pki / "apiserver.ext").write_text(
-            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
-            "extendedKeyUsage=serverAuth\nsubjectAltName=DNS:localhost,IP:127.0.0.1\n"
-        )
-        self._openssl("req", "-new", *ec, "-keyout", "apiserver.key", "-out", "apiserver.csr", "-subj", "/CN=apiserver")
-        self._openssl("x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-                      "-days", "2", "-sha256", "-extfile", "apiserver.ext", "-out", "apiserver.crt")  # fmt: skip
-        self._openssl("genpkey", "-algorithm", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-out", "sa.key")
-        self._openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub")
+        """The PKI for 127.0.0.1 and the tokens."""
+        write_pki(self.pki, "test", ["127.0.0.1"])
         lines = [f'{token},{user},{user},"{groups}"' for user, (token, groups) in self.tokens.items()]
         (self.pki / "tokens.csv").write_text("\n".join(lines) + "\n")
 
     def kubeconfig(self, user: str = DRIVER_USER) -> Path:
-        path = self.pki / f"{user}.kubeconfig"
-        path.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "t",
-            "clusters": [{"name": "t", "cluster": {"server": f"https://127.0.0.1:{self.port}",
-                                                   "certificate-authority": str(self.pki / "ca.crt")}}],
-            "users": [{"name": user, "user": {"token": self.tokens[user][0]}}],
-            "contexts": [{"name": "t", "context": {"cluster": "t", "user": user}}],
-        }))  # fmt: skip
-        return path
+        return write_kubeconfig(self.pki / f"{user}.kubeconfig", f"https://127.0.0.1:{self.port}",
+                                self.pki / "ca.crt", user, self.tokens[user][0])  # fmt: skip
 
     def close(self) -> None:
         for proc in (self.apiserver, self.etcd):
@@ -189,23 +224,7 @@ class ApiServer:
         self, method: str, path: str, body: Any = None, *, timeout: float = 30, user: str = ADMIN
     ) -> tuple[int, Any]:
         """One HTTPS request: the status and the JSON answer (or its text)."""
-        ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
-        conn = http.client.HTTPSConnection("127.0.0.1", self.port, context=ctx, timeout=timeout)
-        try:
-            headers = {"Authorization": f"Bearer {self.tokens[user][0]}", "Accept": "application/json"}
-            data = None
-            if body is not None:
-                data = json.dumps(body).encode()
-                headers["Content-Type"] = "application/json"
-            conn.request(method, path, body=data, headers=headers)
-            response = conn.getresponse()
-            raw = response.read().decode()
-        finally:
-            conn.close()
-        try:
-            return response.status, json.loads(raw)
-        except json.JSONDecodeError:
-            return response.status, raw
+        return https_request(self.port, self.pki / "ca.crt", self.tokens[user][0], method, path, body, timeout)
 
     def many(self, calls: Sequence[tuple[str, str, Any]], threads: int = 8) -> list[Any]:
         """Many (method, path, body) calls as admin, ``threads`` at once on kept-alive
