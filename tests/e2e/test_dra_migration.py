@@ -29,20 +29,18 @@ import copy
 import json
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.e2e import microvm
 from tests.e2e.cluster import Cluster, ClusterError, Node, wait_until
 from tests.e2e.images import PLUGIN_IMAGE
 from tests.e2e.userpath import (
     CHART,
     EXAMPLE_POD,
+    HOLD_VM,
     IMAGE_VALUES,
-    KVM_API_VERSION,
     NAMESPACE,
     RESOURCE,
     WORKLOADS,
@@ -50,6 +48,7 @@ from tests.e2e.userpath import (
     ensure_workload_namespace,
     is_ready,
     metrics,
+    ran_vm,
     sample,
 )
 
@@ -65,22 +64,6 @@ PRIVATE_DEV = "/run/ate-e2e-dev"  # in each node's own /run: the host's /dev is 
 KVM = f"{PRIVATE_DEV}/kvm"
 DEPLOYMENT = "kvm-consumer"
 REPLICAS = 10
-# The micro-VM's report, then hold it (and /dev/kvm) until the pod is deleted.
-HOLD_VM = (
-    Path(microvm.__file__).read_text()
-    + r"""
-import json, signal, sys, time
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # PID 1 of its container: no default action
-report = {"uid": os.getuid()}
-try:
-    report["vm"] = run_vm()
-except OSError as exc:
-    report["vm_error"] = f"{type(exc).__name__}: {exc}"
-print(json.dumps(report), flush=True)
-while True:
-    time.sleep(3600)
-"""
-)
 CLAIM_TEMPLATE = {
     "apiVersion": "resource.k8s.io/v1",
     "kind": "ResourceClaimTemplate",
@@ -152,13 +135,6 @@ def wait_report(cluster: Cluster, pod: dict[str, Any], timeout: float = 180) -> 
     except ClusterError:
         print(cluster.kubectl("describe", "pod", "-n", WORKLOADS, name, check=False))
         raise
-
-
-def ran_vm(found: dict[str, Any]) -> bool:
-    vm = found.get("vm") or {}
-    return (found.get("uid"), vm.get("api_version"), vm.get("serial"), (vm.get("exits") or [[]])[-1]) == (
-        10001, KVM_API_VERSION, "4\n", ["hlt"],
-    )  # fmt: skip
 
 
 def started(cluster: Cluster, pod: dict[str, Any]) -> dict[str, Any]:

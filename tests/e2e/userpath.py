@@ -3,11 +3,13 @@ that ask for a device (built from docs/examples/kvm-consumer-pod.yaml)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import subprocess
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.e2e import microvm
 from tests.e2e.cluster import Cluster, ClusterError, Node, wait_until
 from tests.e2e.images import PLUGIN_IMAGE
 from tests.harness.chart import helm_path
@@ -32,8 +35,12 @@ KVM_API_VERSION = 12  # what KVM_GET_API_VERSION has returned since Linux 2.6.22
 IMAGE_VALUES = ("--set", "image.repository=localhost/ate-devplugin", "--set", f"image.tag={PLUGIN_IMAGE.split(':')[1]}",
                 "--set", "image.pullPolicy=Never")  # fmt: skip
 
-# Run in the consumer container: what a VM worker needs from /dev/kvm, as JSON.
-CHECK_KVM = r"""
+MICRO_VM = Path(microvm.__file__).read_text()
+# Run in the consumer container: what a VM worker needs from /dev/kvm, as JSON, ending with
+# the micro-VM's run (tests/e2e/microvm.py).
+CHECK_KVM = (
+    MICRO_VM
+    + r"""
 import fcntl, json, os, stat
 r = {"uid": os.getuid(), "gid": os.getgid(), "groups": sorted(os.getgroups())}
 status = dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines() if ":" in l)
@@ -50,11 +57,40 @@ try:
 except OSError as e:
     r["error"] = f"{type(e).__name__}: {e}"
 try:
+    r["vm"] = run_vm()
+except OSError as e:
+    r["vm_error"] = f"{type(e).__name__}: {e}"
+try:
     r["devices_list"] = open("/sys/fs/cgroup/devices/devices.list").read().splitlines()
 except OSError as e:
     r["devices_list"] = str(e)
 print(json.dumps(r))
 """
+)
+# The micro-VM's report, then hold it (and /dev/kvm) until the pod is deleted.
+HOLD_VM = (
+    MICRO_VM
+    + r"""
+import json, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # PID 1 of its container: no default action
+report = {"uid": os.getuid()}
+try:
+    report["vm"] = run_vm()
+except OSError as exc:
+    report["vm_error"] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(report), flush=True)
+while True:
+    time.sleep(3600)
+"""
+)
+
+
+def ran_vm(result: dict[str, Any]) -> bool:
+    """The pod's micro-VM ran, as uid 10001: its guest wrote 2+2 to the serial port and halted."""
+    vm = result.get("vm") or {}
+    return (result.get("uid"), vm.get("api_version"), vm.get("serial"), (vm.get("exits") or [[]])[-1]) == (
+        10001, KVM_API_VERSION, "4\n", ["hlt"],
+    )  # fmt: skip
 
 
 @dataclass
@@ -221,35 +257,47 @@ def kvm_rule(devices_list: list[str]) -> list[str]:
     return [line for line in devices_list if line.startswith("c 10:232 ")]
 
 
-def watch_exit_code(cluster: Cluster, pod_name: str, timeout: float = 120) -> tuple[int | None, float]:
-    """Delete ``pod_name`` (plugin namespace), watching it: the exit code its container's
-    last status reported before the pod object went away, and how long deletion took."""
+@contextlib.contextmanager
+def watching(cluster: Cluster, *what: str) -> Iterator[Callable[[], list[dict[str, Any]]]]:
+    """``kubectl get <what> --watch`` while the block runs: yields a function that returns
+    every event seen so far (``{"type": ..., "object": ...}``), the initial list included."""
     watcher = cluster.sandbox.spawn(
-        f"watch-{pod_name}",
-        [str(cluster.kubectl_path), "--kubeconfig", str(cluster.kubeconfig), "get", "pod", "-n", NAMESPACE,
-         pod_name, "--watch", "--output-watch-events", "-o", "json"],
+        f"watch-{'-'.join(what)}-{uuid.uuid4().hex[:4]}",
+        [str(cluster.kubectl_path), "--kubeconfig", str(cluster.kubeconfig), "get", *what,
+         "--watch", "--output-watch-events", "-o", "json"],
     )  # fmt: skip
+
+    def events() -> list[dict[str, Any]]:
+        decoder, text, pos, found = json.JSONDecoder(), watcher.log_tail(10**7), 0, []
+        while (pos := text.find("{", pos)) >= 0:
+            try:
+                event, pos = decoder.raw_decode(text, pos)
+            except ValueError:  # not an event (a warning on stderr)
+                pos += 1
+                continue
+            found.append(event)
+        return found
+
     try:
-        # The watch first lists the pod as it is: wait for that before deleting.
+        # The watch first lists what is there: wait for that before the block acts.
         wait_until("the watch to start", lambda: '"ADDED"' in watcher.log_tail(10**7), 30)
-        start = time.monotonic()
-        cluster.kubectl("delete", "pod", "-n", NAMESPACE, pod_name, "--wait=true", timeout=timeout)
-        took = time.monotonic() - start
-        wait_until("the DELETED event", lambda: '"DELETED"' in watcher.log_tail(10**7), 30)
+        yield events
     finally:
         watcher.stop()
         cluster.sandbox.processes.remove(watcher)
-    decoder = json.JSONDecoder()
-    text, pos, code = watcher.log_tail(10**7), 0, None
-    while True:
-        pos = text.find("{", pos)
-        if pos < 0:
-            break
-        try:
-            event, pos = decoder.raw_decode(text, pos)
-        except ValueError:  # not an event (a warning on stderr)
-            pos += 1
-            continue
+
+
+def watch_exit_code(cluster: Cluster, pod_name: str, timeout: float = 120) -> tuple[int | None, float]:
+    """Delete ``pod_name`` (plugin namespace), watching it: the exit code its container's
+    last status reported before the pod object went away, and how long deletion took."""
+    with watching(cluster, "pod", "-n", NAMESPACE, pod_name) as events:
+        start = time.monotonic()
+        cluster.kubectl("delete", "pod", "-n", NAMESPACE, pod_name, "--wait=true", timeout=timeout)
+        took = time.monotonic() - start
+        wait_until("the DELETED event", lambda: any(e["type"] == "DELETED" for e in events()), 30)
+        seen = events()
+    code = None
+    for event in seen:
         for status in event["object"].get("status", {}).get("containerStatuses", []):
             terminated = status.get("state", {}).get("terminated")
             if terminated:
