@@ -25,6 +25,7 @@ import compileall
 import json
 import logging
 import os
+import re
 import shlex
 import signal
 import sys
@@ -98,6 +99,14 @@ def compile_bytecode() -> bool:
     return all(compileall.compile_dir(REPO / d, quiet=1) for d in ("app", "bench"))
 
 
+def image_malloc_arenas() -> str:
+    """The image's MALLOC_ARENA_MAX (Dockerfile), which the bench gives every Python peer too."""
+    found = re.search(r"\bMALLOC_ARENA_MAX=(\d+)", (REPO / "Dockerfile").read_text())
+    if found is None:
+        raise RuntimeError("no MALLOC_ARENA_MAX in the Dockerfile's ENV")
+    return found.group(1)
+
+
 def _terminate(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -123,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[GDP_ENV] = str(args.generic_device_plugin.resolve())
     if args.dra_example_driver is not None:
         os.environ[EXAMPLE_ENV] = str(args.dra_example_driver.resolve())
+    os.environ["MALLOC_ARENA_MAX"] = image_malloc_arenas()
     sizes = QUICK if args.quick else FULL
     mode = "quick" if args.quick else "full"
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
