@@ -111,15 +111,21 @@ def _read(path: Path) -> dict[str, Any]:
 
 def _lookup(data: dict[str, Any], keys: list[str], path: str) -> Any:
     cur: Any = data if keys[0] in data else data.get("figures", {})
-    for key in keys:
+    i = 0
+    while i < len(keys):
         if isinstance(cur, dict) and "na" in cur:
             break
+        key = keys[i]
         if isinstance(cur, list) and key.isdigit() and int(key) < len(cur):
-            cur = cur[int(key)]
-        elif isinstance(cur, dict) and key in cur:
-            cur = cur[key]
-        else:
+            cur, i = cur[int(key)], i + 1
+            continue
+        # A key may hold a dot (a release, 1.37): the longest run of parts that names one.
+        n = next(
+            (n for n in range(len(keys) - i, 0, -1) if isinstance(cur, dict) and ".".join(keys[i : i + n]) in cur), 0
+        )
+        if not n:
             raise QuoteError(f"{path}: no {key!r} there")
+        cur, i = cur[".".join(keys[i : i + n])], i + n
     if isinstance(cur, dict) and "na" in cur:  # a peer that cannot do the figure says why
         raise QuoteError(f"{path}: not measured ({cur['na']})")
     return cur

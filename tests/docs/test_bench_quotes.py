@@ -31,6 +31,7 @@ RUNS = quotes.Runs(
         "started_utc": "20260101T000000Z",
         "sizes": {"window": 100},
         "loadavg": {"idle:before": [4.25, 3.0, 2.0]},
+        "kubelet_cost": {"releases": {"1.37": {"rows": [{"admission_cpu_ms": 3.05}]}}},
         "figures": {
             "idle": {"ours": {"rss_mib": 48.93, "switches_per_s": 14.2}, "peer": {"rss_mib": 23.7}},
             "allocate_rpc_scaling": {"ours": {"callers": {"16": {"calls_per_s": 2005.4}}}},
@@ -54,6 +55,7 @@ RUNS = quotes.Runs(
         ("sizes.window", "100"),
         ("started_utc", "20260101T000000Z"),
         ("loadavg.idle:before.0", "4.25"),
+        ("kubelet_cost.releases.1.37.rows.0.admission_cpu_ms", "3.05 ms"),  # a key with a dot
         ("previous:idle.ours.rss_mib", "50.0 MiB"),
         ("podresources-idle:summary.list_cpu_ms", "2.40 to 2.61 ms"),
         ("podresources-idle:summary.rounds", "3"),
