@@ -262,7 +262,7 @@ def watching(cluster: Cluster, *what: str) -> Iterator[Callable[[], list[dict[st
     """``kubectl get <what> --watch`` while the block runs: yields a function that returns
     every event seen so far (``{"type": ..., "object": ...}``), the initial list included."""
     watcher = cluster.sandbox.spawn(
-        f"watch-{'-'.join(what)}-{uuid.uuid4().hex[:4]}",
+        f"watch-{what[0]}-{uuid.uuid4().hex[:4]}",  # a log file's name: no selector in it
         [str(cluster.kubectl_path), "--kubeconfig", str(cluster.kubeconfig), "get", *what,
          "--watch", "--output-watch-events", "-o", "json"],
     )  # fmt: skip
