@@ -42,7 +42,8 @@ class Component(Protocol):
         """False when something of it is stuck, saying what; the reason may be empty when alive."""
 
     def watches(self) -> Watches:
-        """The directories (and files) whose events it needs; asked again after every batch."""
+        """The directories, files and sockets whose events it needs; asked again after every
+        batch, before and after the discoveries."""
 
     def on_fs_events(self, batch: Sequence[FsEvent]) -> None:
         """A batch of filesystem events; discoveries follow every batch, so device changes need no handling here."""

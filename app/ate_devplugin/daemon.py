@@ -171,14 +171,22 @@ class Daemon:
         self.reader.reloaded(resources)
 
     def _refresh(self) -> None:
-        """Arms watches first, then reads the state, so nothing falls between the two."""
+        """Arms watches first, then reads the state, so nothing falls between the two; and
+        again if what was found changed what a component watches (a socket it will make)."""
+        watches = self._watches()
+        self._watcher.watch(watches)
+        found = {r.name: self._discover(r, self.settings.device_root) for r in self.resources}
+        for component in self.components:
+            component.on_discovery(found)
+        after = self._watches()
+        if after != watches:
+            self._watcher.watch(after)
+
+    def _watches(self) -> Watches:
         root = self.settings.device_root
         watches = Watches(dirs=frozenset(d for r in self.resources for d in watch_dirs(r, root)))
         if self.reader is not None:
             watches |= Watches(dirs=frozenset({str(self.reader.path.parent)}))
         for component in self.components:
             watches |= component.watches()
-        self._watcher.watch(watches)
-        found = {r.name: self._discover(r, root) for r in self.resources}
-        for component in self.components:
-            component.on_discovery(found)
+        return watches

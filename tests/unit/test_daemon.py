@@ -9,6 +9,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
@@ -462,3 +463,36 @@ async def test_any_components_task_that_dies_ends_the_daemon_counted(tmp_path: P
         await asyncio.wait_for(daemon.run(), 5)
     assert daemon.metrics.registry.get_sample_value("ate_devplugin_task_failures_total", {"task": "slice_sync"}) == 1
     assert probe.heard == ["discovery", "stop"]
+
+
+class SocketMaker(Probe):
+    """Asks for its socket to be watched from its first discovery on, as the device plugin
+    does for the socket an agent then makes."""
+
+    def __init__(self, socket_path: Path) -> None:
+        super().__init__("maker", (True, ""))
+        self.socket_path = socket_path
+        self.present = False
+        self.seen: list[FsEvent] = []
+
+    def watches(self) -> Watches:
+        return Watches(sockets=frozenset({str(self.socket_path)} if self.present else ()))
+
+    def on_fs_events(self, batch: Sequence[FsEvent]) -> None:
+        self.seen += batch
+
+    def on_discovery(self, found: Mapping[str, Discovery]) -> None:
+        self.present = True
+
+
+async def test_what_a_discovery_makes_a_component_watch_is_watched_at_once(tmp_path: Path) -> None:
+    maker = SocketMaker(tmp_path / "plugins" / "later.sock")
+    daemon = probe_daemon(tmp_path, maker)
+    task = asyncio.create_task(daemon.run())
+    await until(lambda: maker.present, "the first discovery")
+    # Made with no other event to follow: its making is seen all the same.
+    with socket.socket(socket.AF_UNIX) as made:
+        made.bind(str(maker.socket_path))
+        await until(lambda: FsEvent("created", str(maker.socket_path), "", False) in maker.seen, "made")
+    daemon.request_stop("SIGTERM")
+    await asyncio.wait_for(task, 5)

@@ -76,8 +76,10 @@ class DevicePlugin:
         return (False, self._stuck) if self._stuck else (True, "ok")
 
     def watches(self) -> Watches:
-        # Only sockets and directories matter in the plugin directory.
-        return Watches(quiet_dirs=frozenset({self.settings.plugin_dir}))
+        # Only the kubelet's socket and ours matter in the plugin directory: ours from the
+        # first discovery of its devices on (the agent serves from then on).
+        ours = (a.socket_path for a in self.agents.values() if a.state.ever_present)
+        return Watches(sockets=frozenset({self.settings.kubelet_socket, *ours}))
 
     def on_fs_events(self, batch: Sequence[FsEvent]) -> None:
         sockets = {a.socket_path: a.name for a in self.agents.values()}

@@ -262,7 +262,7 @@ class PodResourcesWatch:
 
     def watches(self) -> Watches:
         # The kubelet makes its PodResources socket anew when it restarts; the checkpoint
-        # is in the device plugin's (quiet) directory.
+        # is in the device plugin's directory, where nothing else concerns us.
         pod_dir = os.path.dirname(self.socket_path)
         return Watches(
             dirs=frozenset({pod_dir} if os.path.isdir(pod_dir) else ()),
