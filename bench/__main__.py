@@ -10,7 +10,7 @@
     --generic-device-plugin PATH (or ATE_BENCH_GENERIC_DEVICE_PLUGIN=PATH) adds
     squat/generic-device-plugin, from a binary built outside this repository;
     --dra-example-driver PATH (or ATE_BENCH_DRA_EXAMPLE_DRIVER=PATH) adds
-    kubernetes-sigs/dra-example-driver's kubelet plugin (tools/build-dra-example-driver.sh).
+    kubernetes-sigs/dra-example-driver's kubelet plugin, from a binary built outside this repository.
     --benches devices,kubelet-cost,fleet,dra selects benches (default: all of them).
 
 Needs root (private mount namespaces), util-linux, and the kubelet bench binary

@@ -22,9 +22,9 @@ Figures, per driver (rounds interleaved between the two):
   published and with ``held`` claims prepared: what DRA costs the kubelet per claim
   (there is no per-unit state on the kubelet's side).
 
-The example driver runs from a binary given by ``--dra-example-driver PATH`` (built from
-its public source by tools/build-dra-example-driver.sh; nothing of it is in this
-repository). Without one its figures say why.
+The example driver runs from a binary given by ``--dra-example-driver PATH``, built
+elsewhere from its public source (nothing of it is in this repository). Without one its
+figures say why.
 """
 
 from __future__ import annotations

@@ -79,11 +79,10 @@ def go_binary(binary: Path | None) -> dict[str, Any]:
             info["go_version"] = parts[-1]
         elif len(parts) >= 3 and parts[0] in ("mod", "dep") and parts[1] in NOTED_MODULES:
             info[parts[1]] = parts[2]
+        elif len(parts) >= 2 and parts[0] == "path":
+            info["main"] = parts[1]  # the main package: which program this is
         elif len(parts) >= 2 and parts[0] == "build" and parts[1].startswith("vcs.revision="):
             info["revision"] = parts[1].split("=", 1)[1]
-    source = binary.with_name(binary.name + ".source")  # written by tools/build-dra-example-driver.sh
-    if source.is_file():
-        info["source"] = source.read_text().strip()
     return info
 
 
