@@ -2,7 +2,8 @@
 
 cli.py parses the command line into Settings and calls :func:`run`. Each subsystem gets
 only its own part of the settings. The DRA driver and its Kubernetes client are imported
-only in mode dra or both: device-plugin mode loads neither.
+only in mode dra or both: device-plugin mode loads neither; the PodResources watch only
+with --pod-resources on.
 
 Exit codes: 0 done, 1 runtime failure, 2 bad configuration (a line per problem, no traceback).
 """
@@ -27,7 +28,6 @@ from ate_devplugin.config import ConfigError
 from ate_devplugin.daemon import Daemon
 from ate_devplugin.deviceplugin.inventory import ResourceState
 from ate_devplugin.deviceplugin.plugin import DevicePlugin
-from ate_devplugin.deviceplugin.podresources import PodResourcesWatch
 from ate_devplugin.deviceplugin.ports import GrpcKubelet, HostFilesystem, Ports, SystemClock
 from ate_devplugin.deviceplugin.server import plugin_server
 from ate_devplugin.deviceplugin.servicer import DevicePluginServicer
@@ -35,7 +35,7 @@ from ate_devplugin.host import cdi, devices
 from ate_devplugin.host.sockets import ServeError, UnixServer
 from ate_devplugin.observability.http import HttpServer
 from ate_devplugin.observability.logs import setup_logging
-from ate_devplugin.observability.metrics import Metrics, PodResourcesMetrics
+from ate_devplugin.observability.metrics import Metrics
 from ate_devplugin.observability.tracing import Tracing, setup_tracing
 from ate_devplugin.reload import ConfigReader
 from ate_devplugin.settings import Settings
@@ -186,6 +186,9 @@ def components(
             )
         )
     if settings.pod_resources:
+        from ate_devplugin.deviceplugin.podresources import PodResourcesWatch
+        from ate_devplugin.observability.metrics import PodResourcesMetrics
+
         health = plugin.health if plugin is not None else dict  # no device plugin: no resource served
         pods = PodResourcesWatch(
             settings.for_pod_resources(), PodResourcesMetrics(metrics.registry), tracing.tracer, health

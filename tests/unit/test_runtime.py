@@ -72,7 +72,7 @@ def test_serve_stops_on_a_terminating_signal(tmp_path: Path, caplog: pytest.LogC
     assert any(getattr(r, "why", None) == signal.Signals(sig).name for r in caplog.records)
 
 
-def test_device_plugin_mode_loads_no_kubernetes_client() -> None:
+def test_device_plugin_mode_loads_no_kubernetes_client_nor_pod_reader() -> None:
     import subprocess
     import sys
 
@@ -86,9 +86,10 @@ def test_device_plugin_mode_loads_no_kubernetes_client() -> None:
         "built = runtime.components(s, m, t, None, runtime.host_ports(s, m, t))\n"
         "print([c.name for c in built])\n"
         "print(sorted(n for n in sys.modules if n.startswith(('lightkube', 'httpx', 'ate_devplugin.dra'))))\n"
+        "print(sorted(n for n in sys.modules if 'podresources' in n))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
-    assert out.stdout.splitlines() == ["['device plugin', 'CDI specs']", "[]"]
+    assert out.stdout.splitlines() == ["['device plugin', 'CDI specs']", "[]", "[]"]
 
 
 @pytest.mark.parametrize(
