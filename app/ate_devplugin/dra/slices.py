@@ -17,7 +17,9 @@ publishes no devices.
 
 The kubelet deletes every slice of its node when it starts, and after 30 s without a
 connected driver: the publisher watches its slices and writes them again whenever what
-the API server holds differs from what it should hold.
+the API server holds differs from what it should hold. When the server ends a watch, the
+next takes up from where it ended: a node lists its slices only at start and after a
+failed watch.
 
 Whatever the API server holds, the loop stays responsive: a watch event costs the one
 slice it carries (the sync loop compares, once per wake-up, digests it keeps instead of
@@ -275,17 +277,23 @@ class SlicePublisher:
     async def _watch_loop(self) -> None:
         """List, then watch from there; every event wakes the sync loop, which compares.
 
-        A watch that ends, or fails, is started again after a backoff, which starts afresh
-        only after a watch that lasted ``WATCH_HEALTHY_S``: a server that ends every watch
-        at once is asked again at most every ``retry_cap_s``, not in a loop."""
+        A watch the server ends (its timeout) is taken up again from the last
+        resourceVersion it gave (an event's or a bookmark's): no list. A watch that fails
+        (the resourceVersion too old, the server away) lists again. Either is started
+        after a backoff, which starts afresh only after a watch that lasted
+        ``WATCH_HEALTHY_S``: a server that ends every watch at once is asked again at most
+        every ``retry_cap_s``, not in a loop."""
         backoff = Backoff(self.retry_s, self.retry_cap_s, self.rng)
         loop = asyncio.get_running_loop()
+        version = ""  # where the next watch starts; empty: list first
         while True:
             began = loop.time()
             try:
-                version = await self._list()
+                version = version or await self._list()
                 async for kind, item in self.api.watch_slices(self.driver, self.node, version):
-                    name = str((item.get("metadata") or {}).get("name", ""))
+                    meta = item.get("metadata") or {}
+                    version = str(meta.get("resourceVersion") or version)
+                    name = str(meta.get("name", ""))
                     if kind == "DELETED":
                         self.observed.pop(name, None)
                     elif kind in ("ADDED", "MODIFIED"):
@@ -301,6 +309,7 @@ class SlicePublisher:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                version = ""
                 why = f"watching resource slices failed: {reason(exc)}"
             lasted = loop.time() - began
             if lasted >= WATCH_HEALTHY_S:

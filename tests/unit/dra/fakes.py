@@ -32,7 +32,9 @@ class FakeApi:
         self.closed = False
         self._versions = itertools.count(1)
         self._names = itertools.count()
-        self._watchers: list[asyncio.Queue[tuple[str, dict[str, Any]] | None]] = []
+        self._watchers: list[asyncio.Queue[tuple[str, dict[str, Any]] | BaseException | None]] = []
+        self._history: list[tuple[str, dict[str, Any]]] = []  # every event, for a watch from a resourceVersion
+        self.watched_from: list[str] = []  # the resourceVersion each watch asked for
 
     # --- claims and nodes ---
 
@@ -83,23 +85,32 @@ class FakeApi:
     async def watch_slices(
         self, driver: str, node: str, resource_version: str
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """The events after ``resource_version``, then every new one, as the API server sends them."""
         self.watches += 1
+        self.watched_from.append(resource_version)
         if self.watch_ends:
             return
-        queue: asyncio.Queue[tuple[str, dict[str, Any]] | None] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[str, dict[str, Any]] | BaseException | None] = asyncio.Queue()
+        for kind, item in self._history:
+            if int(item["metadata"]["resourceVersion"]) > int(resource_version):
+                queue.put_nowait((kind, copy.deepcopy(item)))
         self._watchers.append(queue)
         try:
             while (event := await queue.get()) is not None:
+                if isinstance(event, BaseException):
+                    raise event
                 yield event
         finally:
             self._watchers.remove(queue)
 
-    def end_watches(self) -> None:
-        """The server ends every watch (a timeout, a restart)."""
+    def end_watches(self, error: BaseException | None = None) -> None:
+        """The server ends every watch (its timeout), or fails it with ``error`` (410 Gone, a restart)."""
         for queue in self._watchers:
-            queue.put_nowait(None)
+            queue.put_nowait(error)
 
     def _notify(self, kind: str, item: dict[str, Any]) -> None:
+        event = (kind, copy.deepcopy(item))
+        self._history.append(event)
         for queue in self._watchers:
             queue.put_nowait((kind, copy.deepcopy(item)))
 
@@ -155,12 +166,16 @@ class FakeApi:
         self._write("delete")
         item = self.slices.pop(name, None)
         if item is not None:
-            self._notify("DELETED", item)
+            self._deleted(item)
 
     def wipe(self) -> None:
         """What the kubelet does at start: every slice of the node goes."""
         for name in list(self.slices):
-            self._notify("DELETED", self.slices.pop(name))
+            self._deleted(self.slices.pop(name))
+
+    def _deleted(self, item: dict[str, Any]) -> None:
+        item["metadata"]["resourceVersion"] = str(next(self._versions))  # the deletion's, as the server sends it
+        self._notify("DELETED", item)
 
     def devices(self) -> list[str]:
         return sorted(d["name"] for s in self.slices.values() for d in s["spec"]["devices"])

@@ -11,6 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from ate_devplugin.dra.kube import GONE, ApiError
 from ate_devplugin.dra.slices import (
     MAX_GENERATION,
     Seen,
@@ -95,8 +96,9 @@ async def test_a_watch_that_ends_at_once_is_retried_with_capped_jittered_backoff
     pub = publisher(api, sleeps, retry_s=1.0, retry_cap_s=30.0, rng=random.Random(3))
     async with running(pub):
         await until(lambda: len(sleeps.delays) == 12, "twelve watches ended")
-        # One list and one watch per delay: nothing is asked again without one.
-        assert api.watches == api.lists == 12
+        # One watch per delay, each taken up where the last ended: nothing is asked again
+        # without a delay, and nothing listed again.
+        assert (api.watches, api.lists) == (12, 1)
         bounds = envelope(sleeps.delays, 1.0, 30.0)
         assert all(low <= d <= high for d, (low, high) in zip(sleeps.delays, bounds, strict=True)), sleeps.delays
         assert max(sleeps.delays) <= 30.0
@@ -222,7 +224,7 @@ async def test_a_slice_written_while_a_list_is_under_way_is_not_written_twice() 
         await until(lambda: pub.synced.is_set() and len(api.slices) == 1, "written again")
         lists = api.lists
         api.list_gate = asyncio.Event()
-        api.end_watches()  # ... the watch ends: a list is asked for, answered late
+        api.end_watches(ApiError(GONE, "too old resource version"))  # ... the watch fails: a list, answered late
         await until(lambda: api.lists == lists + 1, "the list asked for")
         pub.publish(resource_devices(KVM, 1, 3, shared=False))  # meanwhile a change is written
         await until(lambda: api.writes.count("update") == 1, "the change written")
@@ -260,3 +262,47 @@ def test_a_dropped_flag_is_seen_in_what_the_api_server_stored() -> None:
     assert sharing_dropped(wanted, stored)
     assert not sharing_dropped(wanted[1:], stored)  # slots only: nothing to drop
     assert not sharing_dropped(wanted, [])  # not stored (yet): nothing seen
+
+
+class Gate:
+    """The publisher's sleep, held until the test opens it: the time between two watches."""
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self.open = asyncio.Event()
+
+    async def __call__(self, delay: float) -> None:
+        self.waiting += 1
+        await self.open.wait()
+        self.open.clear()
+
+
+async def test_a_watch_the_server_ends_is_taken_up_where_it_ended_without_a_list() -> None:
+    api = FakeApi()
+    gate = Gate()
+    pub = SlicePublisher(api, DRA_DRIVER, NODE, DraMetrics(CollectorRegistry()), sleep=gate)
+    pub.publish(resource_devices(KVM, 1, 2, shared=False))
+    async with running(pub):
+        await until(lambda: pub.synced.is_set() and api.watches == 1, "published and watching")
+        last = max(int(s["metadata"]["resourceVersion"]) for s in api.slices.values())
+        api.end_watches()  # the watch's timeout
+        await until(lambda: gate.waiting == 1, "between two watches")
+        api.wipe()  # the kubelet started meanwhile: nobody watching
+        gate.open.set()
+        await until(lambda: pub.synced.is_set() and len(api.slices) == 1, "written again")
+    # The second watch asked for what followed the first's last event, and saw the wipe.
+    assert api.watched_from == [api.watched_from[0], str(last)]
+    assert api.lists == 1
+    assert api.writes == ["create", "create"]
+
+
+async def test_a_watch_that_fails_lists_again() -> None:
+    api = FakeApi()
+    pub = publisher(api)
+    pub.publish(resource_devices(KVM, 1, 2, shared=False))
+    async with running(pub):
+        await until(lambda: pub.synced.is_set() and api.watches == 1, "published and watching")
+        api.end_watches(ApiError(GONE, "too old resource version"))
+        await until(lambda: api.watches == 2, "watching again")
+        assert api.lists == 2
+    assert api.writes == ["create"]
