@@ -5,8 +5,9 @@ namespaces): the API server listens on the sandbox's 127.0.0.1 only, etcd keeps 
 on the sandbox's tmpfs, and everything ends with the sandbox. Clients authenticate with
 bearer tokens from a static token file (one identity per node, so the audit log tells
 the nodes apart), and the API server writes an audit log (metadata of every request)
-that the benches count requests from. Binaries: kube-apiserver from tools/build-k8s.sh
-(``build/k8s/1.35`` or ``$K8S_BIN_DIR``), etcd from Debian.
+that the benches count requests from. Binaries: kube-apiserver of the newest release
+tools/build-k8s.sh built (``build/k8s/1.37``, or under ``$K8S_BIN_DIR``): what a current
+cluster runs, DRAConsumableCapacity on from 1.36; etcd from Debian.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import secrets
 import shutil
 import ssl
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.e2e.sandbox import Process, Sandbox
-from tests.harness.apiserver import https_request, k8s_bin_dir, write_kubeconfig, write_pki
+from tests.harness.apiserver import https_request, k8s_bin_dir, newest_release, write_kubeconfig, write_pki
 
 REPO = Path(__file__).resolve().parents[1]
 API_PORT = 6443
@@ -42,12 +44,25 @@ rules:
 """
 
 
+def keeps_shared_devices(git_version: str) -> bool:
+    """Whether the API server keeps a device's allowMultipleAllocations (DRAConsumableCapacity,
+    on by default from 1.36): then our daemon publishes each resource's shareable device
+    beside its slots, else the slots alone."""
+    found = re.match(r"v(\d+)\.(\d+)\.", git_version)
+    return found is not None and (int(found[1]), int(found[2])) >= (1, 36)
+
+
+def bin_dir() -> Path:
+    """The Kubernetes binaries the scale benches run: the newest release built."""
+    return k8s_bin_dir(newest_release())
+
+
 def missing() -> str | None:
     """Why no control plane can run here (None: it can)."""
     if os.geteuid() != 0:
         return "needs root (private namespaces)"
-    if not (k8s_bin_dir() / "kube-apiserver").is_file():
-        return f"no {k8s_bin_dir() / 'kube-apiserver'} (tools/build-k8s.sh)"
+    if not (bin_dir() / "kube-apiserver").is_file():
+        return f"no {bin_dir() / 'kube-apiserver'} (tools/build-k8s.sh)"
     if shutil.which("etcd") is None:
         return "no etcd on PATH (Debian etcd-server)"
     for tool in ("unshare", "nsenter", "openssl", "ip"):
@@ -142,7 +157,7 @@ class ControlPlane:
     def apiserver_argv(self) -> list[str]:
         pki = self.pki
         return [
-            str(k8s_bin_dir() / "kube-apiserver"), f"--etcd-servers={ETCD_URL}",
+            str(bin_dir() / "kube-apiserver"), f"--etcd-servers={ETCD_URL}",
             "--bind-address=127.0.0.1", f"--secure-port={API_PORT}", f"--advertise-address={ADVERTISE_IP}",
             f"--tls-cert-file={pki}/apiserver.crt", f"--tls-private-key-file={pki}/apiserver.key",
             f"--token-auth-file={pki}/tokens.csv",

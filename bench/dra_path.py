@@ -198,6 +198,7 @@ class Driver:
         self.proc: Process | None = None
         self.spawns = 0
         self.user = f"{key}:{self.node}"
+        self.devices = DEVICES  # ours: and its shareable device where the API server keeps it
 
     @property
     def argv(self) -> list[str]:
@@ -288,7 +289,8 @@ class DraPath:
             cp.apply_rbac("bench-ours", OURS, DRIVER_RULES)
             cp.apply_rbac("bench-example", EXAMPLE, EXAMPLE_RULES)
             cp.apply_rbac("bench-floor", FLOOR, DRIVER_RULES)
-            out["apiserver_version"] = cp.must("GET", "/version").get("gitVersion")
+            out["apiserver_version"] = version = str(cp.must("GET", "/version").get("gitVersion"))
+            drivers[OURS].devices += controlplane.keeps_shared_devices(version)
             for d in drivers.values():
                 cp.create_node(d.node)
                 d.kubelet.start()
@@ -297,7 +299,7 @@ class DraPath:
             for d in drivers.values():  # running from here on
                 d.spawn()
                 d.kubelet.request("wait_registered", driver=d.driver, timeout_s=60.0, timeout=90)
-                d.kubelet.request("wait_slices", driver=d.driver, devices=DEVICES, timeout_s=60.0, timeout=90)
+                d.kubelet.request("wait_slices", driver=d.driver, devices=d.devices, timeout_s=60.0, timeout=90)
             self.idle(drivers)
             self.prepare(drivers)
             # The floor never writes its slice again, so it has no figure after a kubelet restart.
@@ -338,7 +340,7 @@ class DraPath:
                 t0 = d.spawn()
                 r = d.kubelet.request("wait_registered", driver=d.driver, timeout_s=60.0, timeout=90)
                 registered[key].append((r["done_monotonic_ns"] - t0) / 1e9)
-                r = d.kubelet.request("wait_slices", driver=d.driver, devices=DEVICES, timeout_s=90.0, timeout=120)
+                r = d.kubelet.request("wait_slices", driver=d.driver, devices=d.devices, timeout_s=90.0, timeout=120)
                 published[key].append((r["done_monotonic_ns"] - t0) / 1e9)
                 d.stop()
                 time.sleep(1.0)
@@ -426,7 +428,7 @@ class DraPath:
                 t0 = d.kubelet.start()
                 r = d.kubelet.request("wait_registered", driver=d.driver, timeout_s=60.0, timeout=90)
                 registered[key].append((r["done_monotonic_ns"] - t0) / 1e9)
-                r = d.kubelet.request("wait_slices", driver=d.driver, devices=DEVICES, timeout_s=120.0, timeout=150)
+                r = d.kubelet.request("wait_slices", driver=d.driver, devices=d.devices, timeout_s=120.0, timeout=150)
                 back[key].append((r["done_monotonic_ns"] - t0) / 1e9)
         for key in drivers:
             self.put("kubelet_restart_registered", key, summary_ms(registered[key]))

@@ -225,6 +225,7 @@ class FleetBench:
         self.kubelet: RealKubelet | None = None
         self.kubelet_idle: list[tuple[float, float]] = []  # the idle windows the kubelet ran through
         self.kubelet_restarts: list[dict[str, Any]] = []
+        self.devices_per_node = SLOTS  # and its shareable device where the API server keeps it
 
     def run(self) -> dict[str, Any]:
         why = controlplane.missing()
@@ -241,7 +242,9 @@ class FleetBench:
                 RealKubelet.prepare(cp)
             cp.up()
             fleet.grant()
-            result["apiserver_version"] = cp.must("GET", "/version").get("gitVersion")
+            result["apiserver_version"] = version = str(cp.must("GET", "/version").get("gitVersion"))
+            self.devices_per_node = SLOTS + controlplane.keeps_shared_devices(version)
+            result["devices_per_node"] = self.devices_per_node
             result["kubelet"] = {"na": kubelet_missing} if kubelet_missing else self.start_kubelet(cp, work)
             planned = list(self.sizes.nodes)
             for n in planned:
@@ -279,7 +282,9 @@ class FleetBench:
         log.info("fleet: %d daemons", n)
         t0 = time.time()
         added = fleet.add(n - len(fleet.nodes))
-        published = fleet.wait_devices({x.name: SLOTS for x in fleet.nodes}, timeout=120 + 6 * len(added))
+        published = fleet.wait_devices(
+            {x.name: self.devices_per_node for x in fleet.nodes}, timeout=120 + 6 * len(added)
+        )
         time.sleep(2.0)
         startup = list(cp.requests(t0, time.time(), fleet.users(added)))
         creates = Counter(e.user for e in startup if e.verb == "create")
@@ -347,7 +352,7 @@ class FleetBench:
                         add_device_node(node.device_root, "kvm", NULL)
                     else:
                         (node.device_root / "kvm").unlink()
-                done = fleet.wait_devices({x.name: SLOTS if present else 0 for x in chosen}, timeout=60)
+                done = fleet.wait_devices({x.name: self.devices_per_node if present else 0 for x in chosen}, timeout=60)
                 took.append(done - begin)
         time.sleep(2.0)
         events = list(fleet.cp.requests(t0, time.time(), fleet.users(chosen)))
@@ -425,7 +430,7 @@ class FleetBench:
         cp = fleet.cp
         t0 = time.time()
         cp.must("DELETE", SLICES)
-        done = fleet.wait_devices({x.name: SLOTS for x in fleet.nodes}, timeout=300)
+        done = fleet.wait_devices({x.name: self.devices_per_node for x in fleet.nodes}, timeout=300)
         time.sleep(2.0)
         events = list(cp.requests(t0, time.time(), fleet.users()))
         writes = [e for e in events if e.verb in WRITES]
@@ -449,7 +454,8 @@ class FleetBench:
         self.kubelet = kubelet
         version = cp.must("GET", f"/api/v1/nodes/{kubelet_load.NODE}")["status"]["nodeInfo"]["kubeletVersion"]
         return {
-            "source": f"a real kubelet {version} (build/k8s/1.35) on Debian's containerd, no pods, same API server",
+            "source": f"a real kubelet {version} ({controlplane.bin_dir().relative_to(controlplane.REPO)}) "
+            "on Debian's containerd, no pods, same API server",
             "start_s": up - began,
         }
 

@@ -1,6 +1,6 @@
 """A real kubelet as the fleet bench's reference: its own API load per node.
 
-The kubelet from tools/build-k8s.sh (``build/k8s/1.35/kubelet``) runs in the fleet's sandbox
+The kubelet from tools/build-k8s.sh (of the control plane's release, ``bin_dir()``) runs in the fleet's sandbox
 against the same API server, with Debian's containerd as its runtime, as node
 ``kubelet-ref`` with a node identity (``system:node:kubelet-ref``, group
 ``system:nodes``: the Node authorizer and NodeRestriction apply as on any node). It runs
@@ -18,9 +18,8 @@ import shutil
 import time
 from pathlib import Path
 
-from bench.controlplane import ADVERTISE_IP, ControlPlane
+from bench.controlplane import ADVERTISE_IP, ControlPlane, bin_dir
 from tests.e2e.sandbox import Process
-from tests.harness.apiserver import k8s_bin_dir
 
 NODE = "kubelet-ref"
 USER = f"system:node:{NODE}"
@@ -28,8 +27,8 @@ CONTAINERD_SOCK = "/run/containerd/containerd.sock"
 
 
 def missing() -> str | None:
-    if not (k8s_bin_dir() / "kubelet").is_file():
-        return f"no {k8s_bin_dir() / 'kubelet'} (tools/build-k8s.sh)"
+    if not (bin_dir() / "kubelet").is_file():
+        return f"no {bin_dir() / 'kubelet'} (tools/build-k8s.sh)"
     if shutil.which("containerd") is None:
         return "no containerd on PATH (Debian containerd)"
     return None
@@ -83,7 +82,7 @@ state = "/run/containerd/state"
         path = self.dir / "kubelet.json"
         path.write_text(json.dumps(kubelet_config))
         self.kubelet = self.cp.sandbox.spawn("kubelet-ref", [
-            str(k8s_bin_dir() / "kubelet"), f"--config={path}", f"--kubeconfig={self.cp.kubeconfig(USER)}",
+            str(bin_dir() / "kubelet"), f"--config={path}", f"--kubeconfig={self.cp.kubeconfig(USER)}",
             f"--hostname-override={NODE}", f"--node-ip={ADVERTISE_IP}", "--v=1",
         ])  # fmt: skip
         deadline = time.monotonic() + timeout

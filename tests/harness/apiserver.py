@@ -6,7 +6,7 @@ those parts by writing objects (a Node, ResourceClaims with an allocation in the
 status) with an admin token. The daemon gets a kubeconfig of its own identity, bound to
 the permissions the chart's ClusterRole grants. The advertise address is loopback and no
 endpoint reconciler runs, so nothing is ever sent to another address.
-Binaries: kube-apiserver from tools/build-k8s.sh (``build/k8s/1.35`` or ``$K8S_BIN_DIR``),
+Binaries: kube-apiserver from tools/build-k8s.sh (``build/k8s/1.35``, or under ``$K8S_BIN_DIR``),
 etcd from Debian (etcd-server).
 """
 
@@ -45,8 +45,19 @@ DRIVER_RULES = [
 ]  # fmt: skip
 
 
-def k8s_bin_dir() -> Path:
-    return Path(os.environ.get("K8S_BIN_DIR", REPO / "build" / "k8s" / "1.35"))
+# The tests' API server: 1.35, where DRAConsumableCapacity is off (the slots-only path).
+TEST_RELEASE = "1.35"
+
+
+def k8s_bin_dir(release: str = TEST_RELEASE) -> Path:
+    """tools/build-k8s.sh's output for a release: ``$K8S_BIN_DIR/<release>`` (build/k8s by default)."""
+    return Path(os.environ.get("K8S_BIN_DIR", REPO / "build" / "k8s")) / release
+
+
+def newest_release() -> str:
+    """The newest release tools/build-k8s.sh built (the tests' release when none is)."""
+    built = [d.name for d in k8s_bin_dir().parent.glob("*") if (d / "kube-apiserver").is_file()]
+    return max(built, key=lambda r: tuple(int(x) for x in r.split(".") if x.isdigit()), default=TEST_RELEASE)
 
 
 def missing() -> str | None:
