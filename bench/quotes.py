@@ -11,6 +11,8 @@ The path names a value of a result file in ``bench/results``:
   whose first part is a top-level key (``sizes.window``, ``started_utc``) is read from
   the top; a number picks from a list (``loadavg.cold_start:before.0``);
 - ``previous:...``: the same in the full run before it;
+- ``full@20261130T152330Z:...``: the same in the kept full run of that start time (a
+  baseline older than ``previous``);
 - ``podresources-idle:summary.list_cpu_ms``: the newest ``*-podresources-idle.json``
   (``python -m bench.podresources_idle``);
 - ``library-choice:candidates.click.import_ms``: the newest ``*-library-choice.json``
@@ -35,7 +37,8 @@ import json
 import os
 import re
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +88,7 @@ class Runs:
     podresources_idle: dict[str, Any] | None = None
     library_choice: dict[str, Any] | None = None
     dra_faults: dict[str, Any] | None = None
+    kept: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # every full run, by start time
 
     @classmethod
     def load(cls, results: Path = RESULTS) -> Runs:
@@ -94,13 +98,15 @@ class Runs:
         idle = sorted(results.glob("*-podresources-idle.json"))
         libraries = sorted(results.glob("*-library-choice.json"))
         faults = sorted(results.glob("*-dra-faults.json"))
+        kept = {p.name.removesuffix("-full.json"): _read(p) for p in full}
         return cls(
-            latest=_read(full[-1]),
+            latest=kept[full[-1].name.removesuffix("-full.json")],
             latest_path=full[-1],
             previous=_read(full[-2]) if len(full) > 1 else None,
             podresources_idle=_read(idle[-1]) if idle else None,
             library_choice=_read(libraries[-1]) if libraries else None,
             dra_faults=_read(faults[-1]) if faults else None,
+            kept=kept,
         )
 
 
@@ -148,7 +154,9 @@ def value(runs: Runs, path: str) -> str:
         "dra-faults": runs.dra_faults,
     }
     source, sep, rest = path.partition(":")
-    if not sep or source not in sources:  # a key may hold a colon: loadavg.cold_start:before.0
+    if source.startswith("full@"):
+        sources[source] = runs.kept.get(source.removeprefix("full@"))
+    elif not sep or source not in sources:  # a key may hold a colon: loadavg.cold_start:before.0
         source, rest = "", path
     data = sources[source] if source else runs.latest
     if data is None:

@@ -42,6 +42,7 @@ RUNS = quotes.Runs(
     previous={"figures": {"idle": {"ours": {"rss_mib": 50.0}}}},
     podresources_idle={"summary": {"list_cpu_ms": [2.4, 2.61], "rounds": 3}},
     library_choice={"candidates": {"click": {"import_ms": 33.81, "rss_mib": 13.7}}},
+    kept={"20251201T000000Z": {"figures": {"idle": {"ours": {"rss_mib": 52.0}}}}},
 )
 
 
@@ -57,6 +58,7 @@ RUNS = quotes.Runs(
         ("loadavg.idle:before.0", "4.25"),
         ("kubelet_cost.releases.1.37.rows.0.admission_cpu_ms", "3.05 ms"),  # a key with a dot
         ("previous:idle.ours.rss_mib", "50.0 MiB"),
+        ("full@20251201T000000Z:idle.ours.rss_mib", "52.0 MiB"),  # a kept run older than previous
         ("podresources-idle:summary.list_cpu_ms", "2.40 to 2.61 ms"),
         ("podresources-idle:summary.rounds", "3"),
         ("library-choice:candidates.click.import_ms", "33.8 ms"),
@@ -99,3 +101,5 @@ def test_a_quote_of_a_missing_result_file_fails() -> None:
     runs = quotes.Runs(latest=RUNS.latest, latest_path=RUNS.latest_path)
     with pytest.raises(quotes.QuoteError, match="no result file for 'previous'"):
         quotes.value(runs, "previous:idle.ours.rss_mib")
+    with pytest.raises(quotes.QuoteError, match="no result file for 'full@20240101T000000Z'"):
+        quotes.value(RUNS, "full@20240101T000000Z:idle.ours.rss_mib")
