@@ -161,4 +161,12 @@ def test_report_files(quick_run: tuple[dict[str, Any], Path]) -> None:
     for heading in ("## Machine", "## Peers", "## Next to squat/generic-device-plugin", "## Results", "## Targets"):
         assert heading in text
     assert "generic-device-plugin" in text  # why that peer is absent is said
+    # CPU per admission, idle RSS and cold start are judged against the Python floor too.
+    judged = [line for line in text.splitlines() if "| ≤ 1.1 |" in line]
+    assert [line.split(" | ")[0] for line in judged] == [
+        "| CPU per admission through the kubelet (one Allocate each; GetPreferredAllocation not advertised)",
+        "| RSS idle, registered (tracing off)",
+        "| cold start → registered, p50",
+    ]
+    assert all(line.split("| ≤ 1.1 | ")[1].split(" |")[0] in ("met", "**missed**") for line in judged)
     assert data["kubelet_release"] in built_versions()
