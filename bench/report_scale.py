@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from bench.dra_path import EXAMPLE, FLOOR, LABELS, OURS
+from bench.controlplane import keeps_shared_devices
+from bench.dra_path import DEVICES, EXAMPLE, FLOOR, LABELS, OURS
 from bench.fleet import PROJECT_TO
 
 
@@ -117,7 +118,8 @@ def fleet(data: dict[str, Any]) -> str:
     sizes = f.get("sizes", {})
     out += [
         f"N real daemons (`ate-devplugin run --mode dra`, one node each, own device root and API "
-        f"identity) against one kube-apiserver {f.get('apiserver_version', '')} and etcd, in a private "
+        f"identity, each publishing {f.get('devices_per_node', 32)} devices) against one kube-apiserver "
+        f"{f.get('apiserver_version', '')} and etcd, in a private "
         "sandbox; requests counted from the API server's audit log (per node identity), watches "
         "from its `apiserver_longrunning_requests`. Nodes are added to the running fleet. Idle "
         f"window {sizes.get('idle_s')} s (the daemon renews its watch every 300 s); the API server "
@@ -230,6 +232,15 @@ DRA_ROWS = (
 )
 
 
+def _published(apiserver_version: str) -> str:
+    if keeps_shared_devices(apiserver_version):
+        return (
+            f"The example driver and the floor publish {DEVICES} devices; ours its {DEVICES} slots and its "
+            "shareable device (the API server keeps it from 1.36 on)."
+        )
+    return f"Each publishes {DEVICES} devices (ours its slots alone: this API server drops the shareable device)."
+
+
 def _dra_value(figs: dict[str, Any], figure: str, key: str, peer: str) -> float | None:
     v = figs.get(figure, {}).get(peer, {})
     x = v.get(key) if isinstance(v, dict) else None
@@ -250,7 +261,7 @@ def dra(data: dict[str, Any]) -> str:
         f"kubelet {d.get('kubelet_release')} DRA manager and plugin manager and registers the driver "
         f"through the kubelet's plugin watcher, against one kube-apiserver {d.get('apiserver_version', '')} "
         "holding both nodes' slices and claims (the bench writes each claim's allocation and "
-        "reservation, as the scheduler does). Each publishes 32 devices. The floor "
+        f"reservation, as the scheduler does). {_published(d.get('apiserver_version', ''))} The floor "
         "(`bench/bare_dra.py`) registers, creates its slice once and answers prepare from a claim GET, "
         "with no checks, metrics, logs or watch.",
         "",
