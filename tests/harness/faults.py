@@ -11,11 +11,13 @@
   bind mount over itself), and writable again.
 * :class:`PodResourcesPeer`: the kubelet's PodResources List answering any bytes it is
   given (an answer too large, too long or undecodable).
+* :func:`swap_in`: put a prepared file, directory or symlink in place of another in one step.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import shutil
@@ -313,3 +315,21 @@ def remove_tree(path: Path) -> None:
             if exc.errno != errno.ENOTEMPTY:
                 raise
     raise AssertionError(f"{path} written again faster than it could be removed, 100 times")
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def swap_in(path: Path, prepared: Path) -> None:
+    """Put ``prepared`` where ``path`` is in one renameat2(RENAME_EXCHANGE), then remove what
+    was there: removing first and creating after would race a daemon that restores ``path``
+    as soon as it goes."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.renameat2(_AT_FDCWD, os.fsencode(prepared), _AT_FDCWD, os.fsencode(path), _RENAME_EXCHANGE) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(path))
+    if prepared.is_symlink() or not prepared.is_dir():
+        prepared.unlink()
+    else:
+        remove_tree(prepared)

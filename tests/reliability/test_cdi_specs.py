@@ -15,7 +15,7 @@ import pytest
 
 from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2_grpc
 from tests.harness.daemon import DevicePluginDaemon, MakeDaemon
-from tests.harness.faults import log_matches, remove_tree, set_read_only
+from tests.harness.faults import log_matches, remove_tree, set_read_only, swap_in
 from tests.harness.kubelet import KubeletBench, Namespace
 from tests.harness.wait import wait_until
 from tests.reliability.test_hostile_peers import KVM, allocate_request, full, plugin_target
@@ -127,17 +127,19 @@ def test_never_through_a_symlink_nor_over_a_foreign_spec(
     victim = elsewhere / SPEC
     victim.write_text('{"cdiVersion": "0.6.0", "kind": "other.vendor/kvm", "devices": []}')
     # The directory swapped for a symlink to another one holding a file of our name.
-    remove_tree(kubelet_ns.path(CDI_DIR))
-    os.symlink(elsewhere, kubelet_ns.path(CDI_DIR))
+    link = kubelet_ns.path(CDI_DIR + ".link")
+    os.symlink(elsewhere, link)
+    swap_in(kubelet_ns.path(CDI_DIR), link)
     wait_until(lambda: b"symlink" in d.get("/readyz")[1], 10, "unready, saying why")
     assert allocate_status(kubelet_ns)[0] == grpc.StatusCode.FAILED_PRECONDITION
     assert json.loads(victim.read_text())["kind"] == "other.vendor/kvm"
 
     # A real directory again, holding another vendor's spec of our file name.
-    os.unlink(kubelet_ns.path(CDI_DIR))
-    kubelet_ns.path(CDI_DIR).mkdir()
+    real = kubelet_ns.path(CDI_DIR + ".new")
+    real.mkdir()
     foreign = '{"cdiVersion": "0.6.0", "kind": "other.vendor/kvm", "devices": []}'
-    spec_path(kubelet_ns).write_text(foreign)
+    (real / SPEC).write_text(foreign)
+    swap_in(kubelet_ns.path(CDI_DIR), real)
     wait_until(lambda: log_matches(d.log_lines(), "kind 'other.vendor/kvm'"), 10, "a warning naming the kind")
     assert b"not ours" in d.get("/readyz")[1]
     assert d.stop() == 0
