@@ -45,7 +45,10 @@ async def register(
     """Registers, raising RegistrationError; ``cause`` parents the span (e.g. a kubelet restart)."""
     request = pb.RegisterRequest(version=API_VERSION, endpoint=endpoint, resource_name=resource_name, options=options)
     # Python gRPC would send the socket path as :authority; the kubelet's peers send localhost.
-    channel_options = [("grpc.default_authority", "localhost")]
+    # A subchannel of its own: from gRPC's shared pool, a new channel to the same path could
+    # take up the connection still being made to the kubelet socket this one replaced,
+    # which never answers, instead of connecting to the new one.
+    channel_options = [("grpc.default_authority", "localhost"), ("grpc.use_local_subchannel_pool", 1)]
     with rpc_span(tracer, "v1beta1.Registration", "Register", SpanKind.CLIENT, cause) as span:
         span.set_attribute("ate_devplugin.resource_name", resource_name)
         async with grpc.aio.insecure_channel(f"unix://{kubelet_socket}", options=channel_options) as channel:
