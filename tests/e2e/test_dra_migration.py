@@ -247,7 +247,16 @@ def cordoned(cluster: Cluster, node: Node) -> Iterator[None]:
 def scale(cluster: Cluster, replicas: int) -> list[dict[str, Any]]:
     """Scale the Deployment; its pods once every one runs its micro-VM."""
     cluster.kubectl("scale", "deployment", "-n", WORKLOADS, DEPLOYMENT, f"--replicas={replicas}")
-    wait_until(f"{replicas} pods of {DEPLOYMENT}", lambda: len(pods(cluster)) == replicas, 120)
+    try:
+        wait_until(f"{replicas} pods of {DEPLOYMENT}", lambda: len(pods(cluster)) == replicas, 120)
+    except ClusterError:
+        for pod in pods(cluster):  # what each one is stuck at, for the failure's output
+            status = pod.get("status", {})
+            conditions = [(c["type"], c["status"], c.get("reason", "")) for c in status.get("conditions", [])]
+            print(pod["metadata"]["name"], pod["spec"].get("nodeName"), status.get("phase"),
+                  status.get("reason"), status.get("message"), conditions)  # fmt: skip
+        print(cluster.kubectl("get", "events", "-n", WORKLOADS, "--sort-by=.lastTimestamp", check=False))
+        raise
     found = pods(cluster)
     for pod in found:
         assert ran_vm(wait_report(cluster, pod)), pod["metadata"]["name"]
