@@ -6,19 +6,17 @@ in test_dashboards_rendered.py."""
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import json
 import math
 import re
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from dashboards import writer
 from tests.harness.monitoring import RESOURCE, FleetScenario, reads_dra, reads_pod_resources
 from tests.harness.prometheus import Prometheus, PrometheusError
 from tests.harness.wait import wait_until
@@ -36,16 +34,6 @@ RANGE_FUNCTION = re.compile(r"\b(irate|rate|increase)\(\s*[A-Za-z_:][\w:]*(?:\{[
 RANGE_SELECTOR = re.compile(r"\[([^\]]+)\]")
 
 Json = dict[str, Any]
-
-
-def load_generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("dashboards_generate", DASHBOARDS / "generate.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
-    spec.loader.exec_module(module)
-    return module
 
 
 def load(name: str) -> Json:
@@ -90,13 +78,11 @@ def variable_query(variable: Json) -> str:
 
 
 def test_json_matches_the_generator() -> None:
-    gen = load_generator()
-    assert set(gen.DASHBOARDS) == set(ALL), "a dashboard JSON file without generator entry, or the reverse"
-    written = {
-        p for p in DASHBOARDS.rglob("*") if p.is_file() and p.name != "generate.py" and "__pycache__" not in p.parts
-    }
-    assert written == set(gen.generated()), "a generated file the generator no longer writes, or the reverse"
-    for path, text in gen.generated().items():
+    assert set(writer.DASHBOARDS) == set(ALL), "a dashboard JSON file without generator entry, or the reverse"
+    written = {p for p in DASHBOARDS.rglob("*") if p.is_file() and p.suffix != ".py" and "__pycache__" not in p.parts}
+    generated = writer.generated()
+    assert written == set(generated), "a generated file the generator no longer writes, or the reverse"
+    for path, text in generated.items():
         assert path.read_text() == text, (
             f"{path.relative_to(REPO)} differs from dashboards/generate.py: run python dashboards/generate.py"
         )
