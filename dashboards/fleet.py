@@ -106,8 +106,10 @@ def fleet() -> Board:
         table(
             "Nodes",
             "One row per node and resource, now, each column a problem (0 is fine): device nodes absent, "
-            "not registered, unhealthy units, and failures over the dashboard's time range. Sorted with "
-            "nodes that are not registered first; the node name links to the node drill-down.",
+            "not registered, unhealthy units, and failures over the dashboard's time range (rounded: "
+            "increase() extrapolates); then Since: how long the devices have had the health they have now "
+            "(absent or present), from their last change. Sorted with nodes that are not registered first; "
+            "the node name links to the node drill-down.",
             [
                 target(
                     f"max by (node, resource_name) (ate_devplugin_device_nodes_present{{{RES}}} == bool 0)",
@@ -118,13 +120,18 @@ def fleet() -> Board:
                     f'max by (node, resource_name) (ate_devplugin_devices{{{RES}, health="unhealthy"}})', instant=True
                 ),
                 target(
-                    f"sum by (node, resource_name) "
-                    f'(increase(ate_devplugin_allocate_requests_total{{{RES}, code!="OK"}}[$__range]))',
+                    f"round(sum by (node, resource_name) "
+                    f'(increase(ate_devplugin_allocate_requests_total{{{RES}, code!="OK"}}[$__range])))',
                     instant=True,
                 ),
                 target(
-                    f"sum by (node, resource_name) "
-                    f'(increase(ate_devplugin_registrations_total{{{RES}, result!="success"}}[$__range]))',
+                    f"round(sum by (node, resource_name) "
+                    f'(increase(ate_devplugin_registrations_total{{{RES}, result!="success"}}[$__range])))',
+                    instant=True,
+                ),
+                target(
+                    "max by (node, resource_name) "
+                    f"(time() - (ate_devplugin_device_health_last_change_timestamp_seconds{{{RES}}} > 0))",
                     instant=True,
                 ),
             ],
@@ -136,9 +143,11 @@ def fleet() -> Board:
                 "#C": "Unhealthy units",
                 "#D": "Failed Allocate",
                 "#E": "Failed registrations",
+                "#F": "Since",
             },
             styles={
                 "Node": ColumnStyle(link=node_link),
+                "Since": ColumnStyle(unit="s"),
                 "Device absent": ColumnStyle(mappings=YES_IS_BAD, steps=OK_IF_ZERO),
                 "Not registered": ColumnStyle(mappings=YES_IS_BAD, steps=OK_IF_ZERO),
                 **{

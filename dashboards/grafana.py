@@ -166,6 +166,8 @@ def grafana_table(panel: Table) -> AnyBuilder:
         properties: list[m.DynamicConfigValue] = []
         if style.link:
             properties.append(m.DynamicConfigValue("links", [style.link]))
+        if style.unit:
+            properties.append(m.DynamicConfigValue("unit", style.unit))
         if style.mappings:
             properties.append(m.DynamicConfigValue("mappings", grafana_mappings(style.mappings)))
         if style.steps:

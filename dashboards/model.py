@@ -51,11 +51,13 @@ class StateTimeline(Panel):
 
 @dataclass(frozen=True)
 class ColumnStyle:
-    """How one table column is shown: its value mapping, threshold colours, a link."""
+    """How one table column is shown: its value mapping, threshold colours, a link, a unit
+    (a value column with a unit is a measure, not a count of problems)."""
 
     mappings: Sequence[ValueText] = ()
     steps: Sequence[Step] = ()
     link: dict[str, str] | None = None
+    unit: str = ""
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ class Table(Panel):
     columns: dict[str, str] = field(default_factory=dict)  # label or "#A" (query A's value) -> header
     styles: dict[str, ColumnStyle] = field(default_factory=dict)  # header -> style
     sort_by: str = ""
-    problems: bool = False  # every value column counts problems: 0 is fine, more is not
+    problems: bool = False  # every value column without a unit counts problems: 0 is fine, more is not
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,9 @@ def perses_table(panel: Table) -> Json:
         if key.startswith("#"):
             index = ord(key[1]) - ord("A") + 1
             name = "value" if len(panel.queries) == 1 else f"value #{index}"
-            settings.append({"name": name, "header": header, "format": {"unit": "decimal", "decimalPlaces": 0}})
+            style = panel.styles.get(header)
+            fmt = UNITS[style.unit] if style and style.unit else {"unit": "decimal", "decimalPlaces": 0}
+            settings.append({"name": name, "header": header, "format": fmt})
         else:
             settings.append({"name": key, "header": header})
     if panel.sort_by:
@@ -123,10 +125,11 @@ def perses_table(panel: Table) -> Json:
     settings.append({"name": "timestamp", "hide": True})
     spec: Json = {"density": "compact", "columnSettings": settings, "transforms": [{"kind": "MergeSeries", "spec": {}}]}
     if panel.problems:
-        # Perses colours cells by value, whatever the column: only for tables of problem counts.
+        # Perses colours cells by value, whatever the column: only for tables of problem counts,
+        # which are whole numbers (a measure beside them, such as seconds since a change, is not).
         spec["cellSettings"] = [
             {"condition": {"kind": "Value", "spec": {"value": "0"}}, "textColor": HEX[GREEN]},
-            {"condition": {"kind": "Range", "spec": {"min": 1}}, "textColor": HEX[RED]},
+            {"condition": {"kind": "Regex", "spec": {"expr": "^[1-9][0-9]*$"}}, "textColor": HEX[RED]},
         ]
     return spec
 

@@ -182,7 +182,12 @@ def components(
 
         built.append(
             DraPlugin(
-                settings.for_dra(), kube, cdi.device_id, DraMetrics(metrics.registry), tracing.tracer, specs.cdi_problem
+                settings.for_dra(),
+                kube,
+                cdi.device_id,
+                DraMetrics(metrics.registry, metrics.health_changed),
+                tracing.tracer,
+                specs.cdi_problem,
             )
         )
     if settings.pod_resources:

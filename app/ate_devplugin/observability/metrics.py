@@ -31,6 +31,18 @@ CDI_SPEC_UPDATES = tuple((action, result) for action in ("write", "remove") for 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
+def health_changed_gauge(registry: CollectorRegistry) -> Gauge:
+    """When a resource's device health last changed: the dashboards' "since". One series per
+    resource, set by the device plugin and by the DRA driver (both, in mode both)."""
+    return Gauge(
+        f"{PREFIX}_device_health_last_change_timestamp_seconds",
+        "When the health of the resource's devices last changed (the first discovery counts), in seconds "
+        "since the epoch; 0 until then.",
+        ["resource_name"],
+        registry=registry,
+    )
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None, revision: str = "unknown") -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
@@ -67,6 +79,7 @@ class Metrics:
             [*res, "health"],
             registry=r,
         )
+        self.health_changed = health_changed_gauge(r)
         self.allocate_requests = Counter(
             f"{PREFIX}_allocate_requests",
             "Allocate calls, by gRPC status code.",
@@ -138,6 +151,7 @@ class Metrics:
                 for m in (
                     self.registered,
                     self.device_nodes_present,
+                    self.health_changed,
                     self.allocate_duration,
                     self.preferred_allocation_requests,
                     self.list_and_watch_updates,
@@ -163,10 +177,15 @@ DRA_SLICE_OPS = ("create", "update", "delete")
 
 
 class DraMetrics:
-    """The DRA driver's collectors, registered only when DRA is on (device-plugin mode pays nothing)."""
+    """The DRA driver's collectors, registered only when DRA is on (device-plugin mode pays nothing).
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    ``health_changed``: the gauge of :class:`Metrics` on the same registry (one series per
+    resource, whichever side sets it); without it, one of its own (a DRA driver alone).
+    """
+
+    def __init__(self, registry: CollectorRegistry, health_changed: Gauge | None = None) -> None:
         r = registry
+        self.health_changed = health_changed if health_changed is not None else health_changed_gauge(r)
         self.claims = Counter(
             f"{PREFIX}_dra_claims",
             "Claims handled in NodePrepareResources / NodeUnprepareResources calls, by method and result.",
