@@ -8,25 +8,34 @@ from dashboards.model import Board, ColumnStyle
 from dashboards.pods import fleet_pods
 from dashboards.vocabulary import (
     DAEMON,
+    DAEMONSET,
     FLEET_UID,
     GREEN,
     NODE_UID,
     OK_IF_POSITIVE,
     OK_IF_ZERO,
+    PLUGIN_PODS,
+    PODS_WITHOUT_TARGET,
     PRESENT,
     RED,
     REGISTERED,
     RES,
     UP,
     YES_IS_BAD,
+    daemons_up,
     good_and_bad,
+    pod_reporting,
     quantiles,
     stat,
     state_timeline,
     table,
     target,
     timeseries,
+    variables,
 )
+
+# The plugin pods on a node (an unscheduled one has no node to show in a timeline).
+BOUND_PLUGIN_PODS = PLUGIN_PODS + ', node!=""'
 
 
 def fleet() -> Board:
@@ -38,14 +47,28 @@ def fleet() -> Board:
     status = [
         stat(
             "Daemons up",
-            "Daemons whose last scrape succeeded (one per node the DaemonSet runs on).",
-            [target(f"count(up{{{DAEMON}}} == 1) or vector(0)", "up")],
+            "Daemons whose last scrape succeeded, and the nodes the DaemonSet should run on (its desired "
+            "number, from kube-state-metrics; not shown without it). Fewer up than expected: see Daemons down.",
+            [
+                target(f"count({daemons_up()} == 1) or vector(0)", "up"),
+                target(
+                    'sum(kube_daemonset_status_desired_number_scheduled{cluster="$cluster", daemonset=~"$daemonset"})',
+                    "expected",
+                ),
+            ],
         ),
         stat(
             "Daemons down",
-            "Daemons whose last scrape failed. Each one is a node where the kubelet gets no device "
-            'updates; alert AteDevpluginDown fires after 5 minutes. The "Daemon up, by node" panel shows which.',
-            [target(f"count(up{{{DAEMON}}} == 0) or vector(0)", "down")],
+            "Daemons whose last scrape failed, and (with kube-state-metrics) plugin pods without a scrape "
+            "target: Pending, failed or evicted. Each is a node where the kubelet gets no device updates; alerts "
+            'AteDevpluginDown and AteDevpluginPodMissing fire after 5 minutes. "Daemon up, by node" and '
+            '"Plugin pods, by node" show which.',
+            [
+                target(
+                    f"(count({daemons_up()} == 0) or vector(0)) + (count({PODS_WITHOUT_TARGET}) or vector(0))",
+                    "down",
+                )
+            ],
             steps=OK_IF_ZERO,
         ),
         stat(
@@ -160,8 +183,15 @@ def fleet() -> Board:
         ),
         state_timeline(
             "Daemon up, by node",
-            "Whether each node's daemon answered its scrapes, over time: when a daemon went down and came back.",
-            [target(f"max by (node) (up{{{DAEMON}}})", "{{node}}")],
+            "Whether each node's daemon answered its scrapes, over time: when a daemon went down and came back. "
+            "With kube-state-metrics a node whose plugin pod has no scrape target (Pending, failed, evicted) "
+            "is down too, where otherwise it would drop out of this view.",
+            [
+                target(
+                    f"max by (node) {daemons_up()} or max by (node) ({pod_reporting(BOUND_PLUGIN_PODS)})",
+                    "{{node}}",
+                )
+            ],
             UP,
         ),
         state_timeline(
@@ -182,7 +212,24 @@ def fleet() -> Board:
                 )
             ],
             PRESENT,
-            width=24,
+        ),
+        table(
+            "Plugin pods, by node",
+            "Every pod of the release's DaemonSets (kube-state-metrics; empty without it) with its phase, and "
+            "whether it is not reporting: no scrape target (Pending, failed, evicted) or a failing scrape. "
+            "Alert AteDevpluginPodMissing fires for a pod without a target after 5 minutes.",
+            [
+                target(
+                    f"max by (node, pod, phase) ((1 - ({pod_reporting()})) * on (namespace, pod) group_left (phase) "
+                    '(kube_pod_status_phase{cluster="$cluster"} == 1))',
+                    instant=True,
+                )
+            ],
+            {"node": "Node", "pod": "Pod", "phase": "Phase", "#A": "Not reporting"},
+            styles={"Not reporting": ColumnStyle(mappings=YES_IS_BAD, steps=OK_IF_ZERO)},
+            sort_by="Not reporting",
+            problems=True,
+            width=12,
         ),
     ]
     units = [
@@ -235,8 +282,9 @@ def fleet() -> Board:
         ),
         timeseries(
             "Allocate latency",
-            "Median and 99th percentile time to answer Allocate, over the selected nodes. Normally about a "
-            "millisecond; alert AteDevpluginAllocateSlow fires over 250ms. Exemplars link to traces.",
+            "Median and 99th percentile time the daemons take to answer Allocate, over the selected nodes. "
+            "Normally tens of microseconds; alert AteDevpluginAllocateSlow fires over 250ms. Exemplars link "
+            "to traces.",
             quantiles(RES, "", 0.5, 0.99, exemplar_on=0.99),
             "s",
         ),
@@ -324,5 +372,5 @@ def fleet() -> Board:
         ],
         # Off by default (--pod-resources, dra.mode): closed, so that a default install shows no empty rows.
         collapsed=[("Pods", fleet_pods()), ("DRA driver", fleet_dra())],
-        multi_node=True,
+        variables=[*variables(multi_node=True), DAEMONSET],
     )

@@ -21,7 +21,8 @@ and tools/sync-chart-files.py (the chart ships a copy). The live test runs the n
 against the fleet scenario of tests/harness/monitoring.py, so the scenario must produce
 the series it reads; queries on the DRA driver's series (ate_devplugin_dra_*, in the
 collapsed "DRA driver" rows) are run by tests/e2e/test_dra.py instead, as the PodResources
-ones (collapsed "Pods" rows) are by test_pods_holding_units.py.
+ones (collapsed "Pods" rows) are by test_pods_holding_units.py, and kube-state-metrics' (kube_*)
+by the rendered test (tests/harness/incident.py) and tests/e2e/test_user_path.py.
 
 tests/dashboards/ fails when a generated file drifts from this code, checks the conventions
 and grafana/dashboard-linter's rules, runs every query against a real Prometheus that

@@ -31,7 +31,7 @@ from dashboards.model import (
     Variable,
     label_name,
 )
-from dashboards.vocabulary import NEUTRAL, variables
+from dashboards.vocabulary import NEUTRAL
 
 DS = m.DataSourceRef(type_val="prometheus", uid="${datasource}")
 TAGS = ["ate-devplugin", "kubernetes", "device-plugin"]
@@ -190,7 +190,9 @@ def grafana_panel(panel: Panel) -> AnyBuilder:
     return grafana_table(panel)
 
 
-def grafana_variable(variable: Variable) -> db.QueryVariable:
+def grafana_variable(variable: Variable) -> db.QueryVariable | db.ConstantVariable:
+    if variable.constant:  # hidden by its kind
+        return db.ConstantVariable(variable.name).label(variable.label).value(variable.constant)
     built = (
         db.QueryVariable(variable.name)
         .label(variable.label)
@@ -280,7 +282,7 @@ def grafana(board: Board) -> m.Dashboard:
         .variables(
             [
                 db.DatasourceVariable("datasource").label("Data source").type("prometheus"),
-                *(grafana_variable(v) for v in variables(multi_node=board.multi_node)),
+                *(grafana_variable(v) for v in board.variables),
             ]
         )
     )

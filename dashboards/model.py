@@ -77,23 +77,24 @@ class Annotation:
 
 
 @dataclass(frozen=True)
+class Variable:
+    name: str
+    label: str
+    selector: str  # the series whose label values are offered ("" for a constant)
+    multi: bool
+    hidden: bool = False
+    constant: str = ""  # a hidden constant's value, which whoever installs the board sets (the chart)
+
+
+@dataclass(frozen=True)
 class Board:
     uid: str
     title: str
     description: str
     rows: Sequence[tuple[str, Sequence[Panel]]]
     collapsed: Sequence[tuple[str, Sequence[Panel]]]  # closed until clicked: modes many nodes do not run
-    multi_node: bool
+    variables: Sequence[Variable]
     annotations: Sequence[Annotation] = ()
-
-
-@dataclass(frozen=True)
-class Variable:
-    name: str
-    label: str
-    selector: str  # the series whose label values are offered
-    multi: bool
-    hidden: bool = False
 
 
 def rows_layout(panels: Sequence[Panel]) -> list[tuple[Panel, int, int]]:

@@ -15,12 +15,15 @@ from dashboards.vocabulary import (
     REGISTERED,
     RES,
     UP,
+    daemons,
+    daemons_up,
     good_and_bad,
     quantiles,
     stat,
     state_timeline,
     target,
     timeseries,
+    variables,
 )
 
 
@@ -29,7 +32,7 @@ def node() -> Board:
         stat(
             "Daemon",
             "Whether Prometheus can scrape this node's daemon right now.",
-            [target(f"max(up{{{DAEMON}}})", "daemon")],
+            [target(f"max{daemons_up()}", "daemon")],
             steps=OK_IF_POSITIVE,
             mappings=UP,
         ),
@@ -71,7 +74,7 @@ def node() -> Board:
         stat(
             "Uptime",
             "Time since the daemon process started; a small value after an incident means it restarted.",
-            [target(f"time() - max(process_start_time_seconds{{{DAEMON}}})", "uptime")],
+            [target(f"time() - max({daemons(f'process_start_time_seconds{{{DAEMON}}}')})", "uptime")],
             "s",
         ),
         stat(
@@ -203,21 +206,21 @@ def node() -> Board:
         timeseries(
             "CPU",
             "CPU used by the daemon, in cores. The daemon idles between events; sustained use means a busy loop.",
-            [target(f"sum(rate(process_cpu_seconds_total{{{DAEMON}}}[$__rate_interval]))", "cpu")],
+            [target(f"sum({daemons(f'rate(process_cpu_seconds_total{{{DAEMON}}}[$__rate_interval])')})", "cpu")],
             "percentunit",
             width=6,
         ),
         timeseries(
             "Resident memory",
             "Resident memory of the daemon process; compare with the DaemonSet's memory limit.",
-            [target(f"sum(process_resident_memory_bytes{{{DAEMON}}})", "rss")],
+            [target(f"sum({daemons(f'process_resident_memory_bytes{{{DAEMON}}}')})", "rss")],
             "bytes",
             width=6,
         ),
         timeseries(
             "Open file descriptors",
             "Open file descriptors of the daemon (sockets, inotify watches).",
-            [target(f"sum(process_open_fds{{{DAEMON}}})", "open fds")],
+            [target(f"sum({daemons(f'process_open_fds{{{DAEMON}}}')})", "open fds")],
             "short",
             width=6,
         ),
@@ -226,7 +229,8 @@ def node() -> Board:
             "Garbage collections per second, by generation.",
             [
                 target(
-                    f"sum by (generation) (rate(python_gc_collections_total{{{DAEMON}}}[$__rate_interval]))",
+                    "sum by (generation) "
+                    f"({daemons(f'rate(python_gc_collections_total{{{DAEMON}}}[$__rate_interval])')})",
                     "gen {{generation}}",
                 )
             ],
@@ -246,7 +250,7 @@ def node() -> Board:
             ("Process", process),
         ],
         collapsed=[("Pods", node_pods()), ("DRA driver", node_dra())],
-        multi_node=False,
+        variables=variables(multi_node=False),
         annotations=[
             Annotation(
                 "Kubelet restarts",

@@ -21,7 +21,7 @@ from dashboards.model import (
     label_name,
     rows_layout,
 )
-from dashboards.vocabulary import GREEN, HEX, RED, variables
+from dashboards.vocabulary import GREEN, HEX, RED
 
 PERSES_PROJECT = "ate-devplugin"
 
@@ -135,6 +135,12 @@ def perses_table(panel: Table) -> Json:
 
 
 def perses_variable(variable: Variable) -> Json:
+    if variable.constant:
+        display = {"name": variable.label, "hidden": True}
+        return {
+            "kind": "TextVariable",
+            "spec": {"name": variable.name, "display": display, "value": variable.constant, "constant": True},
+        }
     spec: Json = {
         "name": variable.name,
         "display": {"name": variable.label, "hidden": variable.hidden},
@@ -189,7 +195,7 @@ def perses(board: Board) -> Json:
             "display": {"name": board.title, "description": board.description},
             "duration": "6h",
             "refreshInterval": "30s",
-            "variables": [perses_variable(v) for v in variables(multi_node=board.multi_node)],
+            "variables": [perses_variable(v) for v in board.variables],
             "panels": panels,
             "layouts": layouts,
         },

@@ -15,6 +15,42 @@ NODE_UID = "ate-devplugin-node"
 DAEMON = 'cluster="$cluster", job=~"$job", instance=~"$instance", node=~"$node"'
 RES = DAEMON + ', resource_name=~"$resource"'
 
+# "All" jobs and instances is .+ (dashboard-linter's rule), which on its own matches every
+# target of the Prometheus: series any target has (up, process_*, python_*) are kept to the
+# daemons' jobs and instances by their build_info (up to the jobs alone: a daemon that is down
+# has none).
+JOBS = 'ate_devplugin_build_info{cluster="$cluster", job=~"$job"}'
+
+
+def daemons(series: str) -> str:
+    """``series`` (a selector, or a call over one) of the daemons' targets only."""
+    return f"{series} and on (job, instance) ate_devplugin_build_info{{{DAEMON}}}"
+
+
+def daemons_up() -> str:
+    """Every daemon's up: 1, or 0 while its scrape fails."""
+    return f"(up{{{DAEMON}}} and on (job) {JOBS})"
+
+
+# kube-state-metrics, where it is there: the plugin pods of the release's DaemonSets, which a
+# hidden constant names (the chart sets it to every pool's DaemonSet; "ate-devplugin" is the
+# default release's). Its series carry the objects' namespace, pod and node (honor_labels).
+DAEMONSET = Variable("daemonset", "DaemonSet", "", multi=False, constant="ate-devplugin")
+PLUGIN_PODS = 'cluster="$cluster", created_by_kind="DaemonSet", created_by_name=~"$daemonset", node=~"$node"'
+
+
+def pod_reporting(pods: str = PLUGIN_PODS) -> str:
+    """Per plugin pod: the up of its scrape target (1 or 0), 0 where it has none (Pending,
+    failed: what the daemons' own series cannot show)."""
+    return (
+        f"(kube_pod_info{{{pods}}} * 0 + on (namespace, pod) group_left () "
+        f"max by (namespace, pod) {daemons_up()}) or kube_pod_info{{{pods}}} * 0"
+    )
+
+
+# Plugin pods without a scrape target (a daemon that is down has one: up is 0).
+PODS_WITHOUT_TARGET = f"kube_pod_info{{{PLUGIN_PODS}}} unless on (namespace, pod) {daemons_up()}"
+
 # Grafana's named colours and the same ones as hex for Perses.
 GREEN, RED = "green", "red"
 HEX = {GREEN: "#73BF69", RED: "#F2495C", "orange": "#FF9830"}

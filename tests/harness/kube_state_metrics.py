@@ -4,7 +4,7 @@ server (tests/harness/apiserver.py), and the objects it reads there.
 The API server runs no controller and no kubelet, so :class:`PluginPods` plays their parts
 as the apiserver harness does for the DRA driver: it writes the chart's DaemonSet and its
 pods with the status the DaemonSet controller and each node's kubelet would give them
-(running and ready, or Pending in ImagePullBackOff after a broken rollout). What
+(running and ready, or Pending, its host path not mounted, after a broken rollout). What
 kube-state-metrics makes of those objects, and the queries and alerts that read its series,
 are the real thing. tests/e2e runs the same against a real cluster, whose controllers and
 kubelet write the statuses themselves.
@@ -137,8 +137,10 @@ class PluginPods:
         self.set_status(ready=len(self.nodes))
 
     def start_pod(self, pod: str, node: str, *, running: bool) -> None:
-        """A pod of the DaemonSet bound to ``node``: running and ready, or Pending with its image
-        not pulled (what a rollout to an image the node cannot pull leaves)."""
+        """A pod of the DaemonSet bound to ``node``: running and ready, or Pending with its
+        volumes not mounted (a rollout to a host path the node does not have), so with no IP:
+        no endpoint, no scrape target. (A pod whose image cannot be pulled has its IP: a target
+        that is down, which AteDevpluginDown covers.)"""
         base = f"/api/v1/namespaces/{self.namespace}/pods"
         owner = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": self.name, "uid": self.uid,
                  "controller": True, "blockOwnerDeletion": True}  # fmt: skip
@@ -173,9 +175,7 @@ def _pod_status(running: bool) -> dict[str, Any]:
     now = "2026-01-01T00:00:00Z"
     ready = "True" if running else "False"
     state: Mapping[str, Any] = (
-        {"running": {"startedAt": now}}
-        if running
-        else {"waiting": {"reason": "ImagePullBackOff", "message": f'Back-off pulling image "{IMAGE}"'}}
+        {"running": {"startedAt": now}} if running else {"waiting": {"reason": "ContainerCreating"}}
     )
     return {
         "phase": "Running" if running else "Pending",
@@ -188,6 +188,7 @@ def _pod_status(running: bool) -> dict[str, Any]:
              "started": running, "state": state},
         ],
         "hostIP": "127.0.0.1",
+        **({"podIP": "127.0.0.1"} if running else {}),
         "startTime": now,
     }  # fmt: skip
 
