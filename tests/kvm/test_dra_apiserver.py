@@ -236,7 +236,7 @@ async def test_on_1_37_a_tainted_device_is_allocated_to_no_new_claim_but_a_toler
             message = await eventually(lambda: workers.unschedulable("plain"), "the plain claim's pod unschedulable")
             print("while tainted:", message)
             assert workers.allocation("plain") == []
-            workers.add("prober", tolerate=True)  # what phase B's prober claim does
+            workers.add("prober", tolerate=True)  # as the prober's claim will (docs/kvm-health.md)
             await eventually(lambda: workers.bound_to("prober") == node, "the tolerating pod bound")
             [result] = workers.allocation("prober")
             assert (result["driver"], result["pool"]) == (DRIVER, node)
