@@ -40,7 +40,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         "settings",  # flags and environment, one part per subsystem
         "tasks",  # guarded tasks, bounded stops, bounded blocking calls
         "observability",  # metrics, traces, logs, HTTP endpoints
-        "host",  # devices, CDI specs, filesystem events, unix-socket servers
+        "host kvm",  # devices, CDI specs, filesystem events, unix-socket servers; KVM's probe and facts
         "components",  # the protocol the supervisor drives
         "deviceplugin dra",  # the two ways of handing out devices: peers
         "reload",  # reading the config file again

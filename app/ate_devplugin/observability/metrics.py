@@ -205,6 +205,18 @@ class DraMetrics:
             ["model"],
             registry=r,
         )
+        self.tainted_devices = Gauge(
+            f"{PREFIX}_dra_tainted_devices",
+            "Devices this node publishes with a taint (the resource failed its KVM probe), by resource.",
+            ["resource_name"],
+            registry=r,
+        )
+        self.taints_dropped = Gauge(
+            f"{PREFIX}_dra_taints_dropped",
+            "1 once the API server was seen dropping device taints (DRADeviceTaints off): devices are "
+            "published without them.",
+            registry=r,
+        )
         self.health_streams = Gauge(
             f"{PREFIX}_dra_health_streams",
             "Device health streams the kubelet holds open (NodeWatchResources), by service version.",
