@@ -4,6 +4,8 @@ tests/e2e/test_dra_migration.py runs it in the chart's hook on a real cluster.""
 
 from __future__ import annotations
 
+import runpy
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -127,3 +129,15 @@ def test_bad_arguments_exit_2() -> None:
     with pytest.raises(SystemExit) as exc:
         uninstall.main(["ate-devplugin"])
     assert exc.value.code == 2
+
+
+def test_run_as_a_module_it_is_the_hooks_command(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python3 -m ate_devplugin.dra.uninstall`, as the chart's hook runs it."""
+    monkeypatch.setattr(sys, "argv", ["uninstall", "--help"])
+    monkeypatch.delitem(sys.modules, "ate_devplugin.dra.uninstall")  # run afresh, as python -m does
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_module("ate_devplugin.dra.uninstall", run_name="__main__")
+    assert exc.value.code == 0
+    assert "--namespace" in capsys.readouterr().out
