@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Installs what the demo and the tests need on a fresh machine, then builds the Go peers.
-#   tools/setup.sh demo    Python package + the kubelet bench
+# Installs what the demo, the benches and the tests need on a fresh machine, then builds
+# the Go peers.
+#   tools/setup.sh demo    what `make demo` runs, no more: the package with its runtime
+#                          dependencies and the kubelet bench of 1.37, a --quick build when
+#                          none is there (tools/build-kubelet-bench.sh)
+#   tools/setup.sh bench   the dev extra and the kubelet bench of every release, optimized
 #   tools/setup.sh test    everything: + Debian tools, helm, the image's base, and the
 #                          clusters of tests/e2e (Kubernetes 1.35 and 1.37 binaries,
 #                          containerd 1.6 from Debian and containerd 2 built from source)
@@ -43,11 +47,23 @@ if [ ${#missing[@]} -gt 0 ]; then
   if [ "$made_policy" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
 fi
 
-# Every Python dependency of the tests, bench and tools is in pyproject's dev extra, the
-# DRA driver's client (the dra extra) included.
-python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -e ".[dev]"
+case "$what" in
+  demo | bench | test) ;;
+  *) echo "setup.sh: unknown '$what' (expected demo, bench or test)" >&2; exit 2 ;;
+esac
 
-tools/build-kubelet-bench.sh
+# Every Python dependency of the tests, bench and tools is in pyproject's dev extra, the
+# DRA driver's client (the dra extra) included. The demo imports only what the daemon does.
+extra="[dev]"
+[ "$what" = demo ] && extra=""
+python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -e ".${extra}"
+
+if [ "$what" = demo ]; then
+  # The demo runs the newest release only, and not for speed.
+  tools/build-kubelet-bench.sh --quick 1.37
+else
+  tools/build-kubelet-bench.sh
+fi
 if [ "$what" = test ]; then
   # Kubernetes 1.37 for tests/e2e (control plane and kubelet; about 490 CPU-seconds cold),
   # in the background while the chart tools install: checkov's venv waits on the network
