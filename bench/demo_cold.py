@@ -65,7 +65,7 @@ def steps(lines: list[tuple[float, str]]) -> list[dict[str, Any]]:
 
     def close(step: str, at: float) -> None:
         nonlocal mark
-        out.append({"step": step, "seconds": round(at - mark, 1)})
+        out.append({"step": step, "wall_s": round(at - mark, 1)})
         mark = at
 
     for t, line in lines:
@@ -83,7 +83,7 @@ def steps(lines: list[tuple[float, str]]) -> list[dict[str, Any]]:
             close("up to the demo's first line", t)
         elif line.startswith(RUNNING):
             close("demo: kubelet, daemon, registration, one allocation", t)
-    return [s for s in out if s["step"] != "between builds" or s["seconds"] > 0]
+    return [s for s in out if s["step"] != "between builds" or s["wall_s"] > 0]
 
 
 def run(repo: Path, work: Path) -> dict[str, Any]:

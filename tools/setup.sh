@@ -16,9 +16,10 @@ what=${1:-test}
 apt_packages=(util-linux)
 if [ "$what" = test ]; then
   # prometheus (server + promtool) for the metrics, alert and dashboard tests; buildah,
-  # podman and debootstrap to build and run the image without a Docker engine; python3-venv
-  # for the unprivileged unit-test run (make unit-nonroot).
-  apt_packages+=(prometheus buildah podman debootstrap python3-venv)
+  # podman and debootstrap to build and run the image without a Docker engine, and
+  # qemu-user-static to build and run its arm64 image under emulation; python3-venv for
+  # the unprivileged unit-test run (make unit-nonroot).
+  apt_packages+=(prometheus buildah podman debootstrap qemu-user-static python3-venv)
   # The clusters of tests/e2e: container runtime, etcd, pod network, curl and
   # ip inside its namespaces; gcc and libc6-dev for the statically linked pause image.
   apt_packages+=(containerd runc etcd-server containernetworking-plugins curl iproute2 gcc libc6-dev)
