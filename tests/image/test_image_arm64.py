@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import ssl
@@ -37,6 +38,8 @@ from tests.harness.wait import wait_until
 
 ARM64_IMAGE = f"{TEST_IMAGE}-arm64"
 EM_AARCH64 = 183  # e_machine of an aarch64 ELF file
+# What `buildah run` writes to stderr after a command that exits non-zero.
+BUILDAH_EXIT = re.compile(r"^(subprocess exited with status \d+|Error: exit status \d+)\n", re.MULTILINE)
 CONFIG = "resources:\n  - name: ate.dev/kvm\n    devices: [/dev/kvm]\n    units: 16\n    permissions: rw\n"
 
 
@@ -142,8 +145,10 @@ def test_check_config_under_emulation_judges_as_the_host_does(
     )  # fmt: skip
     assert arm.returncode == code, arm.stdout + arm.stderr
 
-    def here(text: str) -> str:  # the file's path as the host's daemon names it
-        return text.replace("/etc/ate-devplugin/", f"{tmp_path}/")
+    def here(text: str) -> str:
+        """As the host's daemon says it: its path for the file, without what buildah adds
+        when the command exits non-zero."""
+        return BUILDAH_EXIT.sub("", text).replace("/etc/ate-devplugin/", f"{tmp_path}/")
 
     assert (arm.returncode, here(arm.stdout), here(arm.stderr)) == (host.returncode, host.stdout, host.stderr)
     print(f"\narm64 `ate-devplugin check-config` ({code}):\n{arm.stdout}{arm.stderr}")
@@ -276,45 +281,80 @@ def _get(address: str, ca: Path, path: str, accept: str = "application/json") ->
         return json.loads(response.read())
 
 
+def _release(address: str, ca: Path, path: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """``REGISTRY=<address>/<path> tools/release.sh --push-only VERSION``, trusting the CA."""
+    helm = helm_path("v3")
+    if helm is None:
+        missing_tool("helm v3", "tools/install-test-tools.sh")
+    home = tmp_path / f"helm-{path}"
+    return subprocess.run(
+        [str(REPO / "tools" / "release.sh"), "--push-only", _project_version()],
+        capture_output=True, text=True, timeout=1800, check=False,
+        env={**os.environ, "REGISTRY": f"{address}/{path}", "HELM": str(helm), "SSL_CERT_FILE": str(ca),
+             "HELM_CACHE_HOME": f"{home}/cache", "HELM_CONFIG_HOME": f"{home}/config",
+             "HELM_DATA_HOME": f"{home}/data"},
+    )  # fmt: skip
+
+
+def _config_of(address: str, ca: Path, repository: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    config: dict[str, Any] = _get(address, ca, f"/v2/{repository}/blobs/{manifest['config']['digest']}")
+    return config
+
+
 def test_release_pushes_one_manifest_list_of_both_architectures(
     image: BuiltImage, arm64_image: BuiltImage, registry: tuple[str, Path], tmp_path: Path
 ) -> None:
     """``tools/release.sh --push-only VERSION`` with the release's images of both
     architectures built: one OCI image index under the version's tag, an entry per platform
     whose image is that architecture's, and the chart beside it."""
-    helm = helm_path("v3")
-    if helm is None:
-        missing_tool("helm v3", "tools/install-test-tools.sh")
     address, ca = registry
     version = _project_version()
     name = f"{address}/ate-dev/ate-devplugin:{version}"
     for arch, built in (("amd64", image), ("arm64", arm64_image)):
         buildah("tag", built.name, f"{name}-{arch}")
     try:
-        out = subprocess.run(
-            [str(REPO / "tools" / "release.sh"), "--push-only", version],
-            capture_output=True, text=True, timeout=1800, check=False,
-            env={**os.environ, "REGISTRY": f"{address}/ate-dev", "HELM": str(helm), "SSL_CERT_FILE": str(ca),
-                 "HELM_CACHE_HOME": str(tmp_path / "helm-cache"), "HELM_CONFIG_HOME": str(tmp_path / "helm-config"),
-                 "HELM_DATA_HOME": str(tmp_path / "helm-data")},
-        )  # fmt: skip
+        out = _release(address, ca, "ate-dev", tmp_path)
         assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     finally:
         for arch in ("amd64", "arm64"):
             buildah("rmi", f"{name}-{arch}", check=False)
         buildah("manifest", "rm", name, check=False)
     assert f"pushing {name} (amd64 arm64)" in out.stdout
+    print(f"\n{out.stdout}")
 
-    index = _get(
-        address, ca, f"/v2/ate-dev/ate-devplugin/manifests/{version}", "application/vnd.oci.image.index.v1+json"
-    )
+    repository = "ate-dev/ate-devplugin"
+    index = _get(address, ca, f"/v2/{repository}/manifests/{version}", "application/vnd.oci.image.index.v1+json")
     assert index["mediaType"] == "application/vnd.oci.image.index.v1+json"
     platforms = {(m["platform"]["os"], m["platform"]["architecture"]): m for m in index["manifests"]}
     assert set(platforms) == {("linux", "amd64"), ("linux", "arm64")}
     for (_, arch), entry in platforms.items():
-        manifest = _get(address, ca, f"/v2/ate-dev/ate-devplugin/manifests/{entry['digest']}", entry["mediaType"])
-        config = _get(address, ca, f"/v2/ate-dev/ate-devplugin/blobs/{manifest['config']['digest']}")
+        config = _config_of(address, ca, repository, _get(address, ca, f"/v2/{repository}/manifests/{entry['digest']}",
+                                                          entry["mediaType"]))  # fmt: skip
         assert config["architecture"] == arch
         assert config["config"]["Labels"]["org.opencontainers.image.version"] == version
-    assert _get(address, ca, "/v2/ate-dev/ate-devplugin/tags/list")["tags"] == [version]
+    assert _get(address, ca, f"/v2/{repository}/tags/list")["tags"] == [version]
     assert _get(address, ca, "/v2/ate-dev/charts/ate-devplugin/tags/list")["tags"] == [version]
+
+
+def test_release_of_one_image_pushes_it_alone(image: BuiltImage, registry: tuple[str, Path], tmp_path: Path) -> None:
+    """Without the release's per-architecture images, ``--push-only`` pushes the one image
+    under the release name as it is (tests/e2e publishes so); with only some of them it
+    refuses, naming what is there."""
+    address, ca = registry
+    version = _project_version()
+    name = f"{address}/single/ate-devplugin:{version}"
+    buildah("tag", image.name, name)
+    try:
+        out = _release(address, ca, "single", tmp_path)
+        assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+        buildah("tag", image.name, f"{name}-amd64")
+        partial = _release(address, ca, "single", tmp_path)
+    finally:
+        buildah("rmi", name, f"{name}-amd64", check=False)
+    assert f"pushing {name} (one architecture)" in out.stdout
+    accept = "application/vnd.oci.image.manifest.v1+json"
+    manifest = _get(address, ca, f"/v2/single/ate-devplugin/manifests/{version}", accept)
+    assert manifest["mediaType"] == accept
+    assert _config_of(address, ca, "single/ate-devplugin", manifest)["architecture"] == "amd64"
+    assert partial.returncode == 2
+    assert f"ARCHS is 'amd64 arm64' but only amd64 of {name}-<arch> are built" in partial.stderr
