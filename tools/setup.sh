@@ -12,6 +12,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-test}
+case "$what" in
+  demo | bench | test) ;;
+  *) echo "setup.sh: unknown '$what' (expected demo, bench or test)" >&2; exit 2 ;;
+esac
 
 apt_packages=(util-linux)
 if [ "$what" = test ]; then
@@ -47,11 +51,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   if [ "$made_policy" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
 fi
-
-case "$what" in
-  demo | bench | test) ;;
-  *) echo "setup.sh: unknown '$what' (expected demo, bench or test)" >&2; exit 2 ;;
-esac
 
 # Every Python dependency of the tests, bench and tools is in pyproject's dev extra, the
 # DRA driver's client (the dra extra) included. The demo imports only what the daemon does.
