@@ -8,7 +8,7 @@ UNIT_COVERAGE_FLOOR ?= 85
 # perhaps this checkout: it gets a venv of Debian's python3 and a copy of the sources in /tmp.
 NONROOT_VENV ?= /tmp/ate-devplugin-nonroot-venv
 
-.PHONY: demo test e2e lint unit unit-nonroot setup-demo setup-test proto generate bench bench-docs dashboards-png
+.PHONY: demo test e2e lint unit unit-nonroot setup-demo setup-bench setup-test proto generate bench bench-docs dashboards-png
 
 demo: setup-demo
 	$(PYTHON) -m tools.demo
@@ -57,6 +57,9 @@ $(NONROOT_VENV)/.installed: pyproject.toml
 setup-demo:
 	tools/setup.sh demo
 
+setup-bench:
+	tools/setup.sh bench
+
 setup-test:
 	tools/setup.sh test
 
@@ -75,7 +78,7 @@ generate: proto
 	$(PYTHON) tools/import-graph.py --doc docs/architecture.md
 	$(PYTHON) -m bench.quotes
 
-bench: setup-demo
+bench: setup-bench
 	$(PYTHON) -m bench run
 
 # The benchmark figures README.md, docs/ and bench/findings.md quote, and docs/benchmarks.md,
