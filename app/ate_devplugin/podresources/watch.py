@@ -1,17 +1,18 @@
-"""Which pods hold units of the daemon's resources, from the kubelet's PodResources API.
+"""The PodResources component: which pods hold units of the daemon's resources, kept up to date.
 
 The API (v1: List, GetAllocatableResources, Get) has no watch, so the daemon lists again
 when something may have changed: the kubelet's device manager rewrote its checkpoint (it
 does after every allocation to a container and after every device list a plugin sends),
-one of our resources changed health, or the PodResources socket was made anew. Freeing a
-deleted pod's units writes no checkpoint: the fallback interval bounds how long its series
-outlives it. Requests are coalesced: the first lists at once, those that come meanwhile
-make one more List after ``debounce_s``.
+our DRA driver answered a prepare or unprepare, one of our resources' devices came or went,
+or the PodResources socket was made anew. Freeing a deleted pod's units writes no
+checkpoint: the fallback interval bounds how long its series outlives it. Requests are
+coalesced: the first lists at once, those that come meanwhile make one more List after
+``debounce_s``. The first List follows the first discovery, so it knows which resources'
+devices are present, whatever order the components started in.
 
-An answer is read as untrusted input, off the event loop and in bounded memory: at most
-MAX_ANSWER_BYTES are received, and the wire format is walked in a worker thread for the few
-fields that matter, without building the message (a 4 MiB answer of empty entries would
-take over 100 MiB as protobuf objects). Label values are cut to the Kubernetes name limits.
+Whether a resource's devices are present comes from the discoveries (every mode); when
+they go, the pods that held units are reported with the next List (a log line, and an
+event on its span, a child of the device plugin's ``device change`` when there is one).
 """
 
 from __future__ import annotations
@@ -20,170 +21,38 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import grpc
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Tracer
 
-from ate_devplugin.api.podresources.v1 import api_pb2 as pb
 from ate_devplugin.config import ResourceConfig
-from ate_devplugin.deviceplugin.inventory import UNHEALTHY
 from ate_devplugin.host.devices import Discovery
 from ate_devplugin.host.watcher import FsEvent, Watches
+from ate_devplugin.observability.logs import SaidOnce
 from ate_devplugin.observability.metrics import PodResourcesMetrics
 from ate_devplugin.observability.tracing import rpc_span, set_rpc_status
+from ate_devplugin.podresources.answer import DecodeError, Holdings, Key, Wanted, read_holdings
+from ate_devplugin.podresources.lister import SERVICE, PodResourcesError, list_pods
 from ate_devplugin.settings import PodResourcesSettings
 from ate_devplugin.tasks import Guard, Worker, WorkerBusyError, cancel
 
 log = logging.getLogger(__name__)
 
-SERVICE = "v1.PodResourcesLister"
 # A node runs at most a few hundred pods; a bound keeps a misbehaving node from flooding
 # Prometheus. What is over it is counted in ate_devplugin_pod_units_series_dropped.
 MAX_SERIES = 512
-# Containers holding units kept per List (the rest only counted as dropped): a bound on
-# memory whatever the answer says.
-MAX_HELD = 4096
-# gRPC's default, set explicitly: a node's real answer (a few hundred pods) is far smaller.
-MAX_ANSWER_BYTES = 4 * 1024 * 1024
-# The Kubernetes limits of these names (DNS label, DNS subdomain, DNS label): a longer
-# value is cut to the limit, and counted.
-MAX_NAMESPACE_CHARS = 63
-MAX_POD_CHARS = 253
-MAX_CONTAINER_CHARS = 63
-_LIST = f"/{pb.DESCRIPTOR.services_by_name['PodResourcesLister'].full_name}/List"
-_REASONS = {grpc.StatusCode.UNAVAILABLE: "unavailable", grpc.StatusCode.DEADLINE_EXCEEDED: "timeout"}
-
-# (resource name, namespace, pod, container)
-Key = tuple[str, str, str, str]
 
 
-class PodResourcesError(Exception):
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason  # one of metrics.POD_RESOURCES_RESULTS, never "success"
+@dataclass(frozen=True)
+class DraDevices:
+    """Our DRA driver's name and, asked at each List, every device it may publish, by name,
+    with its resource: the claims the kubelet reports are counted by them."""
 
-
-class DecodeError(Exception):
-    """The answer is not a ListPodResourcesResponse."""
-
-
-@dataclass
-class Holdings:
-    """What one answer says: units held per container, and what was left out or cut."""
-
-    held: dict[Key, int] = field(default_factory=dict)
-    dropped: int = 0  # containers holding units over MAX_HELD
-    truncated: int = 0  # containers whose label values were cut
-
-
-def holdings(answer: bytes | pb.ListPodResourcesResponse, resources: Collection[str]) -> dict[Key, int]:
-    """Units of ``resources`` held, per container (pods holding none are left out)."""
-    return read_holdings(answer if isinstance(answer, bytes) else answer.SerializeToString(), resources).held
-
-
-def _number(message: Any, name: str) -> int:
-    number: int = message.DESCRIPTOR.fields_by_name[name].number
-    return number
-
-
-_POD = _number(pb.ListPodResourcesResponse, "pod_resources")
-_POD_NAME, _POD_NAMESPACE, _CONTAINERS = (_number(pb.PodResources, n) for n in ("name", "namespace", "containers"))
-_CONTAINER_NAME, _DEVICES = (_number(pb.ContainerResources, n) for n in ("name", "devices"))
-_RESOURCE, _DEVICE_IDS = (_number(pb.ContainerDevices, n) for n in ("resource_name", "device_ids"))
-
-
-def read_holdings(data: bytes, resources: Collection[str]) -> Holdings:
-    """:func:`holdings` of an encoded answer, walking the wire format (no message is
-    built); memory bounded by MAX_HELD whatever the answer. Raises DecodeError."""
-    wanted = {r.encode(): r for r in resources}
-    found = Holdings()
-    for _, pod_start, pod_end in _fields(data, 0, len(data), _POD):
-        name = namespace = b""
-        containers = []
-        for number, start, end in _fields(data, pod_start, pod_end, _POD_NAME, _POD_NAMESPACE, _CONTAINERS):
-            if number == _CONTAINERS:
-                containers.append((start, end))
-            elif number == _POD_NAME:
-                name = data[start:end]
-            else:
-                namespace = data[start:end]
-        for c_start, c_end in containers:
-            container, units = b"", dict[str, int]()
-            for number, start, end in _fields(data, c_start, c_end, _CONTAINER_NAME, _DEVICES):
-                if number == _CONTAINER_NAME:
-                    container = data[start:end]
-                    continue
-                resource, count = b"", 0
-                for inner, d_start, d_end in _fields(data, start, end, _RESOURCE, _DEVICE_IDS):
-                    if inner == _RESOURCE:
-                        resource = data[d_start:d_end]
-                    else:
-                        count += 1
-                if count and resource in wanted:
-                    units[wanted[resource]] = units.get(wanted[resource], 0) + count
-            if units:
-                _add(found, _text(namespace), _text(name), _text(container), units)
-    return found
-
-
-def _add(found: Holdings, namespace: str, pod: str, container: str, units: Mapping[str, int]) -> None:
-    cut = (namespace[:MAX_NAMESPACE_CHARS], pod[:MAX_POD_CHARS], container[:MAX_CONTAINER_CHARS])
-    if cut != (namespace, pod, container):
-        found.truncated += 1
-    for resource, count in units.items():
-        key = (resource, *cut)
-        if key in found.held:
-            found.held[key] += count
-        elif len(found.held) < MAX_HELD:
-            found.held[key] = count
-        else:
-            found.dropped += 1
-
-
-def _text(raw: bytes) -> str:
-    try:
-        return raw.decode()
-    except UnicodeDecodeError as exc:
-        raise DecodeError("a name that is not UTF-8") from exc
-
-
-def _fields(data: bytes, pos: int, end: int, *numbers: int) -> Iterator[tuple[int, int, int]]:
-    """(number, start, end) of the length-delimited fields ``numbers`` in ``data[pos:end]``;
-    every other field is skipped."""
-    while pos < end:
-        key, pos = _varint(data, pos, end)
-        wire_type = key & 7
-        if wire_type == 2:  # length-delimited: strings, bytes, messages, packed numbers
-            length, pos = _varint(data, pos, end)
-            start, pos = pos, pos + length
-            if pos > end:
-                raise DecodeError("a field runs past its message")
-            if key >> 3 in numbers:
-                yield key >> 3, start, pos
-        elif wire_type == 0:
-            _, pos = _varint(data, pos, end)
-        elif wire_type in (1, 5):  # 64 and 32 bits
-            pos += 8 if wire_type == 1 else 4
-        else:
-            raise DecodeError(f"wire type {wire_type}")
-    if pos != end:
-        raise DecodeError("a field runs past its message")
-
-
-def _varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
-    value = shift = 0
-    while pos < end and shift < 64:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-    raise DecodeError("a truncated or overlong varint")
+    driver: str
+    devices: Callable[[], Mapping[str, str]]
 
 
 def asks_for_list(batch: Iterable[FsEvent], checkpoint: str | None, socket: str) -> bool:
@@ -204,14 +73,6 @@ def pods_of(held: Mapping[Key, int], resource: str) -> list[str]:
     return sorted({f"{ns}/{pod}" for (r, ns, pod, _) in held if r == resource})
 
 
-@dataclass(frozen=True)
-class Lost:
-    """A resource whose devices went away, to be reported with the pods that held it."""
-
-    resource: str
-    cause: Context | None  # the trace context of the device change
-
-
 class PodResourcesWatch:
     """Keeps the pod-holding series of the daemon's resources up to date."""
 
@@ -222,43 +83,44 @@ class PodResourcesWatch:
         settings: PodResourcesSettings,
         metrics: PodResourcesMetrics,
         tracer: Tracer,
-        health: Callable[[], Mapping[str, str]],
+        *,
+        cause_of: Callable[[str], Context | None] = lambda resource: None,
+        dra: DraDevices | None = None,
     ) -> None:
-        """``health`` gives the advertised health of every resource served, by name."""
-        self.socket_path = settings.socket
+        """``cause_of`` gives the trace context of a resource's last device change (the
+        device plugin's), ``dra`` our DRA driver's devices (None: no DRA driver)."""
+        self.socket_path = settings.pod_resources_socket
         self.checkpoint = settings.checkpoint
         self.metrics = metrics
         self.tracer = tracer
-        self._health = health
-        self.interval_s = settings.interval_s
-        self.debounce_s = settings.debounce_s
-        self.timeout_s = settings.timeout_s
+        self._cause_of = cause_of
+        self._dra = dra
+        self.interval_s = settings.pod_resources_interval
+        self.debounce_s = settings.pod_resources_debounce_s
+        self.timeout_s = settings.pod_resources_timeout_s
         self.held: dict[Key, int] = {}
         self._worker = Worker("pod resources answer")
+        self._names: frozenset[str] = frozenset()  # the configured resources
+        self._present: dict[str, bool] = {}  # resource -> every device node present, as last discovered
+        self._discovered = False
         self._listed = False  # a List has answered
         self._exported: set[Key] = set()
-        self._resources: set[str] = set()  # resources with per-resource series
+        self._published: set[str] = set()  # resources with per-resource series
         self._wanted = asyncio.Event()
-        self._lost: list[Lost] = []
-        self._failure: str | None = None  # the failure reported last, to report each once
+        self._not_before = 0.0  # loop time before which no List starts
+        self._lost: list[str] = []  # resources whose devices went, to report with the next List
+        self._failures = SaidOnce()
         self.task: asyncio.Task[None] | None = None
 
     # --- the component ----------------------------------------------------------------
 
     async def start(self, resources: tuple[ResourceConfig, ...], guard: Guard) -> None:
-        """The first List at once: started last (runtime.components), its first step comes
-        after the first discovery, so it sees the devices' health."""
-        self._wanted.set()
+        """The first List comes with the first discovery."""
+        self._names = frozenset(r.name for r in resources)
         self.task = guard.spawn("pod_resources", self._run(), "pod resources")
 
     async def stop(self, deadline_s: float) -> list[str]:
         return [] if await cancel(self.task, deadline_s) else ["pod resources"]
-
-    def readiness(self) -> tuple[bool, str]:
-        return True, ""  # never holds up readiness: it only reports
-
-    def liveness(self) -> tuple[bool, str]:
-        return True, ""
 
     def watches(self) -> Watches:
         # The kubelet makes its PodResources socket anew when it restarts; the checkpoint
@@ -274,30 +136,43 @@ class PodResourcesWatch:
             self.refresh()
 
     async def on_resources(self, resources: tuple[ResourceConfig, ...]) -> None:
+        self._names = frozenset(r.name for r in resources)
         self.refresh()  # the series of resources added or gone
 
     def on_discovery(self, found: Mapping[str, Discovery]) -> None:
-        pass  # health changes come from the device plugin (health_changed)
+        """The first discovery asks for the first List; a resource whose devices came or went
+        updates the pods-on-an-unhealthy-device count at once and asks for a List, which
+        reports a loss with its pods."""
+        present = {name: d.complete for name, d in found.items()}
+        first, before, self._present = not self._discovered, self._present, present
+        self._discovered = True
+        changed = {name for name, ok in present.items() if before.get(name) != ok}
+        self._lost += [name for name in sorted(changed) if not present[name] and before.get(name)]
+        if changed and not first:
+            self._publish_resources()
+        if first or changed or present.keys() != before.keys():
+            self.refresh()
 
-    # --- told by the device plugin ----------------------------------------------------
+    # --- told by the others -----------------------------------------------------------
 
     def refresh(self) -> None:
         """Something may have changed the pods holding units: list again soon."""
         self._wanted.set()
 
-    def health_changed(self, resource: str, health: str, cause: Context | None) -> None:
-        """Updates the pods-on-an-unhealthy-device count at once, and lists again; a loss
-        is reported (log line, span event) with the pods of that List."""
-        if health == UNHEALTHY:
-            self._lost.append(Lost(resource, cause))
-        self._publish_resources()
-        self.refresh()
+    def claims_changed(self) -> None:
+        """Our DRA driver answered a prepare or unprepare: the kubelet records the answer
+        once it has it, so the List waits ``debounce_s``."""
+        self._not_before = max(self._not_before, asyncio.get_running_loop().time() + self.debounce_s)
+        self._wanted.set()
 
     # --- running ------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await self._next_request()
+            if (wait := self._not_before - loop.time()) > 0:
+                await asyncio.sleep(wait)
             self._wanted.clear()
             try:
                 await self.list_once()
@@ -319,76 +194,50 @@ class PodResourcesWatch:
     async def list_once(self) -> None:
         """One List; updates the series, and reports the devices lost since the last one."""
         lost, self._lost = self._lost, []
-        health = self._health()
-        parent = next((x.cause for x in lost if x.cause is not None), None)
+        present = dict(self._present)
+        parent = next((c for c in map(self._cause_of, lost) if c is not None), None)
         start = time.perf_counter()
         with rpc_span(self.tracer, SERVICE, "List", SpanKind.CLIENT, parent) as span:
             try:
-                found = await self._read(await self._list(), health)
+                found = await self._read(await list_pods(self.socket_path, self.timeout_s), self._wanted_now())
             except PodResourcesError as exc:
                 self.metrics.requests.labels(exc.reason).inc()
                 set_rpc_status(span, grpc.StatusCode.UNKNOWN.value[0], exc.reason, str(exc))
-                self._failed(exc)
+                if self._failures.new(str(exc)):  # the same failure again and again is logged once
+                    log.warning("cannot list pod resources: %s", exc, extra={"socket": self.socket_path})
                 self._lost = lost + self._lost  # report them with the next List that works
                 return
             finally:
                 self.metrics.duration.observe(time.perf_counter() - start)
             set_rpc_status(span, grpc.StatusCode.OK.value[0], "OK")
             self.metrics.requests.labels("success").inc()
-            if self._failure is not None:
+            if self._failures.over():
                 log.info("PodResources answers again", extra={"socket": self.socket_path})
-                self._failure = None
             self.held = found.held
             self._listed = True
-            self._publish(health, found)
-            for x in lost:
-                if health.get(x.resource) == UNHEALTHY:  # not back meanwhile
-                    self._report_loss(x.resource, span)
+            self._publish(present, found)
+            for resource in lost:
+                if present.get(resource) is False:  # not back meanwhile
+                    self._report_loss(resource, span)
 
-    async def _read(self, data: bytes, resources: Collection[str]) -> Holdings:
+    def _wanted_now(self) -> Wanted:
+        """What of the answer is ours, as configured now (read on the loop)."""
+        if self._dra is None:
+            return Wanted(self._names)
+        return Wanted(self._names, self._dra.driver, dict(self._dra.devices()))
+
+    async def _read(self, data: bytes, wanted: Wanted) -> Holdings:
         """The answer read in a worker thread: the loop (and every Allocate) goes on meanwhile."""
         try:
-            return await self._worker.call(lambda: read_holdings(data, resources), self.timeout_s)
+            return await self._worker.call(lambda: read_holdings(data, wanted), self.timeout_s)
         except DecodeError as exc:
             raise PodResourcesError("error", f"List at {self.socket_path}: an undecodable answer: {exc}") from exc
         except (TimeoutError, WorkerBusyError) as exc:
             raise PodResourcesError("timeout", f"List at {self.socket_path}: reading the answer: {exc}") from exc
 
-    async def _list(self) -> bytes:
-        """One List on a channel of its own: a kubelet restarted meanwhile is dialled afresh,
-        and nothing stays connected between Lists (an open channel costs idle CPU)."""
-        if not os.path.exists(self.socket_path):  # no kubelet (yet): no channel to set up in vain
-            raise PodResourcesError("unavailable", f"List at {self.socket_path}: no such socket")
-        # The kubelet's own clients send localhost, not the socket path, as :authority. A
-        # subchannel of its own: gRPC would otherwise share one across channels, with the
-        # reconnect backoff of a socket that was gone.
-        options = [
-            ("grpc.default_authority", "localhost"),
-            ("grpc.use_local_subchannel_pool", 1),
-            ("grpc.max_receive_message_length", MAX_ANSWER_BYTES),
-        ]
-        async with grpc.aio.insecure_channel(f"unix://{self.socket_path}", options=options) as channel:
-            # The answer's bytes, not a message: read_holdings reads them (off the loop).
-            list_call = channel.unary_unary(
-                _LIST, request_serializer=pb.ListPodResourcesRequest.SerializeToString, response_deserializer=None
-            )
-            try:
-                response: bytes = await list_call(pb.ListPodResourcesRequest(), timeout=self.timeout_s)
-            except grpc.aio.AioRpcError as exc:
-                code = exc.code()
-                raise PodResourcesError(
-                    _REASONS.get(code, "error"), f"List at {self.socket_path}: {code.name}: {exc.details()}"
-                ) from exc
-        return response
-
-    def _failed(self, exc: PodResourcesError) -> None:
-        if str(exc) != self._failure:  # the same failure again and again is logged once
-            self._failure = str(exc)
-            log.warning("cannot list pod resources: %s", exc, extra={"socket": self.socket_path})
-
     # --- series -------------------------------------------------------------------------
 
-    def _publish(self, health: Mapping[str, str], found: Holdings) -> None:
+    def _publish(self, present: Mapping[str, bool], found: Holdings) -> None:
         m = self.metrics
         keys = sorted(self.held)
         kept = set(keys[:MAX_SERIES])
@@ -399,23 +248,23 @@ class PodResourcesWatch:
         self._exported = kept
         m.series_dropped.set(len(keys) - len(kept) + found.dropped)
         m.labels_truncated.set(found.truncated)
-        self._publish_resources(health)
+        self._publish_resources(present)
 
-    def _publish_resources(self, health: Mapping[str, str] | None = None) -> None:
+    def _publish_resources(self, present: Mapping[str, bool] | None = None) -> None:
         """Per resource: pods holding units, and those of them on an unhealthy device
         (none before a List answered: no count is better than a false 0)."""
         if not self._listed:
             return
-        health = self._health() if health is None else health
+        present = self._present if present is None else present
         m = self.metrics
-        for gone in self._resources - health.keys():
+        for gone in self._published - present.keys():
             m.pods_holding.remove(gone)
             m.pods_on_unhealthy_device.remove(gone)
-        self._resources = set(health)
-        for resource, state in health.items():
+        self._published = set(present)
+        for resource, ok in present.items():
             pods = len(pods_of(self.held, resource))
             m.pods_holding.labels(resource).set(pods)
-            m.pods_on_unhealthy_device.labels(resource).set(pods if state == UNHEALTHY else 0)
+            m.pods_on_unhealthy_device.labels(resource).set(0 if ok else pods)
 
     def _report_loss(self, resource: str, span: Span) -> None:
         pods = pods_of(self.held, resource)
