@@ -437,3 +437,25 @@ async def test_a_claim_is_not_prepared_while_its_cdi_spec_is_not_on_disk(rig: Ri
     del rig.cdi_problems[KVM.name]  # written again: the kubelet's retry prepares it
     [result] = (await rig.plugin.driver.prepare([ClaimRef("ns", "uc", "c")])).values()
     assert (result.error, [d.cdi_ids for d in result.devices]) == ("", [("ate.dev/kvm=kvm",)])
+
+
+async def test_who_reads_pods_hears_of_every_prepare_and_unprepare_and_knows_every_device(rig: Rig) -> None:
+    """The PodResources watch lists after each answered call, and maps claimed devices to
+    resources by name: every device a resource may publish, present or not."""
+    heard: list[str] = []
+    rig.plugin.claim_listeners.append(lambda: heard.append("changed"))
+    rig.api.add_claim("ns", "one", "u1", allocated("ate-dev-kvm-0"))
+    async with rig.channel(rig.settings.socket) as channel:
+        stub = v1_grpc.DRAPluginStub(channel)  # type: ignore[no-untyped-call]
+        await stub.NodePrepareResources(
+            v1.NodePrepareResourcesRequest(claims=[v1.Claim(namespace="ns", uid="u1", name="one")])
+        )
+        assert heard == ["changed"]
+        await stub.NodeUnprepareResources(
+            v1.NodeUnprepareResourcesRequest(claims=[v1.Claim(namespace="ns", uid="u1", name="one")])
+        )
+    assert heard == ["changed", "changed"]
+    expected = {SHARED: KVM.name, **dict.fromkeys(SLOTS, KVM.name)}
+    assert rig.plugin.device_resources() == expected
+    rig.plugin.on_discovery(ABSENT)  # unpublished: still known
+    assert rig.plugin.device_resources() == expected
