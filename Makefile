@@ -68,13 +68,15 @@ proto:
 
 # Every generated file, from its one source; each has a test that fails on drift
 # (tests/unit/api, tests/chart/test_config_contract.py, tests/dashboards,
-# tests/chart/test_chart_monitoring.py, tests/unit/test_architecture.py, tests/docs).
+# tests/chart/test_chart_monitoring.py, tests/chart/test_chart_args.py,
+# tests/unit/test_architecture.py, tests/docs).
 # Dashboards before the chart's copy of them.
 generate: proto
 	$(PYTHON) tools/gen-config-schema.py
 	$(PYTHON) dashboards/generate.py
 	$(PYTHON) tools/sync-chart-files.py
 	$(PYTHON) tools/gen-chart-args.py
+	$(PYTHON) tools/gen-settings-doc.py
 	$(PYTHON) tools/import-graph.py --doc docs/architecture.md
 	$(PYTHON) -m bench.quotes
 

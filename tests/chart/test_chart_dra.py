@@ -118,11 +118,12 @@ def test_the_daemon_accepts_the_dra_flags(any_helm: Helm) -> None:
     args = [a for a in _container(any_helm.template(sets=["dra.mode=both"]))["args"] if a.startswith("--")]
     dra_args = [a for a in args if a.startswith(("--mode", "--dra", "--registry"))]
     code = (
-        "import sys; from ate_devplugin.cli import build_parser; from ate_devplugin.settings import resolve;"
+        "import sys; from ate_devplugin.cli import build_parser;"
+        "from ate_devplugin.settings import DraSettings, resolve;"
         "a = build_parser().parse_args(['run', *sys.argv[1:]]);"
         "keys = ('mode', 'registry_dir', 'dra_dir', 'dra_slots', 'dra_sharing');"
-        "s = resolve({k: getattr(a, k) for k in keys}, {'NODE_NAME': 'n'});"
-        "print(s.mode, s.registration_socket, s.dra_socket, s.dra_slots, s.dra_sharing)"
+        "s = resolve({k: getattr(a, k) for k in keys}, {'NODE_NAME': 'n'}); d = s.part(DraSettings);"
+        "print(s.values['mode'], d.registration_socket, d.socket, d.dra_slots, d.dra_sharing)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code, *dra_args], capture_output=True, text=True, timeout=60, check=True

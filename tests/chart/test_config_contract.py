@@ -30,7 +30,7 @@ import yaml
 from ate_devplugin import config
 from ate_devplugin.cli import build_parser
 from ate_devplugin.config import ConfigError, check_across, decode_resources, resources_from_document
-from ate_devplugin.settings import DEFAULTS, resolve
+from ate_devplugin.settings import OPTIONS, RuntimeSettings, resolve
 from tests.harness.chart import CHART, NAMESPACE, RELEASE, REPO, Helm, by_kind, daemonsets
 
 PLUGIN_DIR = "/var/lib/kubelet/device-plugins"  # the chart's default hostPaths.devicePlugins
@@ -354,9 +354,9 @@ def daemon_start(container: dict[str, Any], config_text: str, workdir: Path) -> 
     config_file = workdir / "config.yaml"  # where the ConfigMap is mounted (--config)
     config_file.write_text(config_text)
     try:
-        settings = resolve({k: getattr(parsed, k) for k in DEFAULTS}, env)
-        assert settings.config == Path("/etc/ate-devplugin/config.yaml")
-        config.load(config_file, settings.plugin_dir, settings.socket_suffix)
+        part = resolve({k: getattr(parsed, k) for k in OPTIONS}, env).part(RuntimeSettings)
+        assert part.config == Path("/etc/ate-devplugin/config.yaml")
+        config.load(config_file, part.plugin_dir, part.socket_suffix)
     except ConfigError as exc:
         return exc
     return None

@@ -237,15 +237,15 @@ class DraMetrics:
                 self.slice_writes.labels(op, result)
 
 
-# --- pods holding units (podresources.py) ---------------------------------------------
+# --- pods holding units (podresources/) -----------------------------------------------
 
 POD_RESOURCES_RESULTS = ("success", "unavailable", "timeout", "error")
 
 
 class PodResourcesMetrics:
-    """The series of podresources.py, on the daemon's registry; made only when it runs.
+    """The series of the PodResources watch (podresources/), on the daemon's registry; made only when it runs.
 
-    ``pod_units`` names pods: bounded by podresources.MAX_SERIES, what is over it counted.
+    ``pod_units`` names pods: bounded by podresources.watch.MAX_SERIES, what is over it counted.
     Its ``namespace``, ``pod`` and ``container`` labels are the consumer's; the chart's
     ServiceMonitor and PodMonitor honour them over the scrape target's.
     """
