@@ -57,13 +57,14 @@ log = logging.getLogger("ate_devplugin")
 EXIT_RUNTIME = 1
 EXIT_CONFIG = 2
 RELOAD_SIGNALS = (signal.SIGHUP,)
+# Writes the daemon's state to the log (Daemon.state), as operators expect of a daemon.
+STATE_SIGNALS = (signal.SIGUSR1,)
 # Every catchable signal whose default would end the process: each stops it cleanly, so
 # no stale socket stays behind. (Faults like SIGSEGV and the uncatchable SIGKILL aside.)
 STOP_SIGNALS = (
     signal.SIGTERM,
     signal.SIGINT,
     signal.SIGQUIT,
-    signal.SIGUSR1,
     signal.SIGUSR2,
     signal.SIGALRM,
     signal.SIGVTALRM,
@@ -129,11 +130,13 @@ async def serve(settings: Settings, resources: Resources, kube: ApiServer | None
     http.start()
     log.info("listening for metrics and probes", extra={"address": f"{host}:{http.port}"})
     # A parent may have left these blocked (the mask is inherited); we must hear them.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {*STOP_SIGNALS, *RELOAD_SIGNALS})
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {*STOP_SIGNALS, *RELOAD_SIGNALS, *STATE_SIGNALS})
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, daemon.request_stop, sig.name)
     for sig in RELOAD_SIGNALS:
         loop.add_signal_handler(sig, daemon.request_reload)
+    for sig in STATE_SIGNALS:
+        loop.add_signal_handler(sig, daemon.log_state)
     try:
         await daemon.run()
     finally:

@@ -176,7 +176,7 @@ async def test_a_rejected_reload_keeps_the_running_config(tmp_path: Path) -> Non
 TORN = "resources: [{name: ate.dev/kvm, devices: [/dev/kvm]}, {name: ate.dev/tun, devices: [/dev/net/"
 
 
-@pytest.mark.parametrize("torn", [TORN, KVM_ONLY], ids=["invalid", "valid"])
+@pytest.mark.parametrize("torn", ["", TORN, KVM_ONLY], ids=["truncated", "invalid", "valid"])
 async def test_a_torn_write_restarts_nothing(tmp_path: Path, torn: str) -> None:
     """The file written in place in two steps: its first part (valid or not) is never
     judged, so the unchanged resources keep their agents and nothing is counted."""

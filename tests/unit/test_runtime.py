@@ -66,7 +66,7 @@ async def _serving(caplog: pytest.LogCaptureFixture, settings: Settings) -> tupl
     return serving, "http://" + (await logged(caplog, "listening for metrics and probes")).__dict__["address"]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGQUIT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR2, signal.SIGQUIT])
 def test_serve_stops_on_a_terminating_signal(tmp_path: Path, caplog: pytest.LogCaptureFixture, sig: int) -> None:
     settings = settings_in(tmp_path)
     answers: list[tuple[int, str]] = []
@@ -86,6 +86,38 @@ def test_serve_stops_on_a_terminating_signal(tmp_path: Path, caplog: pytest.LogC
     assert "stopping" in messages
     assert "stopped" in messages
     assert any(getattr(r, "why", None) == signal.Signals(sig).name for r in caplog.records)
+
+
+def test_sigusr1_writes_the_state_to_the_log_and_the_daemon_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = settings_in(tmp_path)
+    answers: list[tuple[int, str]] = []
+
+    async def main() -> None:
+        serving, url = await _serving(caplog, settings)
+        try:
+            await logged(caplog, "started")
+            os.kill(os.getpid(), signal.SIGUSR1)
+            await logged(caplog, "state")
+            answers.append(await asyncio.to_thread(get, f"{url}/readyz"))
+            assert not serving.done()
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.wait_for(serving, 10)
+
+    with caplog.at_level(logging.DEBUG, logger="ate_devplugin"):
+        asyncio.run(main())
+    assert answers == [(200, "ok: 0 of 1 resources present and registered\n")]
+    (record,) = [r for r in caplog.records if r.getMessage() == "state"]
+    state = record.__dict__["state"]
+    assert state["ready"] is True
+    assert state["alive"] is True
+    assert state["components"] == {"device plugin": "ok: 0 of 1 resources present and registered", "CDI specs": "ready"}
+    assert state["resources"] == {"ate.dev/kvm": {"devices": [], "complete": False}}
+    assert state["config"] == str(tmp_path / "config.yaml")
+    # Stopped by the SIGTERM that followed, not by SIGUSR1.
+    assert [getattr(r, "why", None) for r in caplog.records if r.getMessage() == "stopping"] == ["SIGTERM"]
 
 
 def test_sighup_reloads_the_config_file(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
