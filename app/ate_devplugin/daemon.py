@@ -72,7 +72,7 @@ class Daemon:
         self._stopping = asyncio.Event()
         self._watcher = Watcher(asyncio.get_running_loop(), self.put)
         self._stalls: dict[str, str] = {}  # reason -> what is stuck
-        self._found: dict[str, Discovery] = {}  # the last discovery, per resource
+        self.found: dict[str, Discovery] = {}  # the last discovery, per resource
 
     def readiness(self) -> tuple[bool, str]:
         """Ready when every component is; the first that is not says why."""
@@ -86,30 +86,6 @@ class Daemon:
         """Alive while events are handled in time and nothing of any component is stuck."""
         stuck = [*self._stalls.values(), *(why for alive, why in (c.liveness() for c in self._alive) if not alive)]
         return (False, "; ".join(stuck)) if stuck else (True, "ok")
-
-    def state(self) -> dict[str, object]:
-        """What on-call asks first, in one record: ready and alive (and why), each ready-saying
-        component's answer, every resource's devices as last found, and what is pending."""
-        ready, ready_why = self.readiness()
-        alive, alive_why = self.liveness()
-        return {
-            "ready": ready,
-            "readiness": ready_why,
-            "alive": alive,
-            "liveness": alive_why,
-            "components": {c.name: c.readiness()[1] or "ready" for c in self.components if isinstance(c, Readiness)},
-            "resources": {
-                name: {"devices": [f"{n.host_path} {n.major}:{n.minor}" for n in d.nodes], "complete": d.complete}
-                for name, d in self._found.items()
-            },
-            "config": str(self.reader.path) if self.reader else None,
-            "events_pending": len(self._inbox),
-            "tasks": len(asyncio.all_tasks()),
-        }
-
-    def log_state(self) -> None:
-        """SIGUSR1: the state written to the log; the daemon goes on."""
-        log.info("state", extra={"state": self.state()})
 
     def put(self, event: FsEvent | Reload | Stop | TaskDied) -> None:
         if isinstance(event, Stop | TaskDied):
@@ -204,7 +180,7 @@ class Daemon:
         again if what was found changed what a component watches (a socket it will make)."""
         watches = self._watches()
         self._watcher.watch(watches)
-        self._found = found = {r.name: self._discover(r, self.settings.device_root) for r in self.resources}
+        self.found = found = {r.name: self._discover(r, self.settings.device_root) for r in self.resources}
         for component in self.components:
             component.on_discovery(found)
         after = self._watches()

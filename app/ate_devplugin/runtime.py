@@ -23,7 +23,7 @@ import grpc
 from prometheus_client import disable_created_metrics
 
 from ate_devplugin import config
-from ate_devplugin.components import Component, Resources
+from ate_devplugin.components import Component, Readiness, Resources
 from ate_devplugin.config import ConfigError
 from ate_devplugin.daemon import Daemon
 from ate_devplugin.deviceplugin.inventory import ResourceState
@@ -57,7 +57,7 @@ log = logging.getLogger("ate_devplugin")
 EXIT_RUNTIME = 1
 EXIT_CONFIG = 2
 RELOAD_SIGNALS = (signal.SIGHUP,)
-# Writes the daemon's state to the log (Daemon.state), as operators expect of a daemon.
+# Writes the daemon's state to the log (log_state), as operators expect of a daemon.
 STATE_SIGNALS = (signal.SIGUSR1,)
 # Every catchable signal whose default would end the process: each stops it cleanly, so
 # no stale socket stays behind. (Faults like SIGSEGV and the uncatchable SIGKILL aside.)
@@ -136,12 +136,30 @@ async def serve(settings: Settings, resources: Resources, kube: ApiServer | None
     for sig in RELOAD_SIGNALS:
         loop.add_signal_handler(sig, daemon.request_reload)
     for sig in STATE_SIGNALS:
-        loop.add_signal_handler(sig, daemon.log_state)
+        loop.add_signal_handler(sig, log_state, daemon)
     try:
         await daemon.run()
     finally:
         _close(http, tracing, part.close_s)
         log.info("stopped")
+
+
+def log_state(daemon: Daemon) -> None:
+    """SIGUSR1: what on-call asks first, in one log record; the daemon goes on."""
+    (ready, readiness), (alive, liveness) = daemon.readiness(), daemon.liveness()
+    state = {
+        "ready": ready,
+        "readiness": readiness,
+        "alive": alive,
+        "liveness": liveness,
+        "components": {c.name: c.readiness()[1] or "ready" for c in daemon.components if isinstance(c, Readiness)},
+        "resources": {
+            name: {"devices": [f"{n.host_path} {n.major}:{n.minor}" for n in found.nodes], "complete": found.complete}
+            for name, found in daemon.found.items()
+        },
+        "config": str(daemon.reader.path) if daemon.reader else None,
+    }
+    log.info("state", extra={"state": state})
 
 
 def build(

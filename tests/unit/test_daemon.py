@@ -434,8 +434,11 @@ async def test_the_first_list_follows_the_first_discovery_whatever_the_start_ord
     await asyncio.wait_for(task, 5)
 
 
-async def test_off_by_default_reads_no_pods(tmp_path: Path) -> None:
-    s = Setup(tmp_path)
+async def test_on_by_default_and_off_reads_no_pods(tmp_path: Path) -> None:
+    (tmp_path / "default").mkdir()
+    (tmp_path / "off").mkdir()
+    assert [c for c in Setup(tmp_path / "default").daemon.components if isinstance(c, PodResourcesWatch)]
+    s = Setup(tmp_path / "off", flags={"pod_resources": "off"})
     task = await running(s)
     assert not [c for c in s.daemon.components if isinstance(c, PodResourcesWatch)]
     assert s.sample("ate_devplugin_pod_resources_requests_total", result="unavailable") is None

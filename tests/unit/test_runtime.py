@@ -152,7 +152,7 @@ def test_sighup_reloads_the_config_file(tmp_path: Path, caplog: pytest.LogCaptur
     assert reloaded.__dict__["resources"] == ["ate.dev/kvm", "ate.dev/tun"]
 
 
-def test_device_plugin_mode_loads_no_kubernetes_client_nor_pod_reader() -> None:
+def test_device_plugin_mode_loads_no_kubernetes_client_nor_pod_reader_when_off() -> None:
     import subprocess
     import sys
 
@@ -162,7 +162,7 @@ def test_device_plugin_mode_loads_no_kubernetes_client_nor_pod_reader() -> None:
         "from ate_devplugin.observability.metrics import Metrics\n"
         "from ate_devplugin.observability.tracing import setup_tracing\n"
         "from ate_devplugin.settings import resolve\n"
-        "s, m, t = resolve({}, {}), Metrics(), setup_tracing({})\n"
+        "s, m, t = resolve({'pod_resources': 'off'}, {}), Metrics(), setup_tracing({})\n"
         "built = runtime.components(s, m, t, None)\n"
         "print([c.name for c in built])\n"
         "print(sorted(n for n in sys.modules if n.startswith(('lightkube', 'httpx', 'ate_devplugin.dra'))))\n"

@@ -254,11 +254,11 @@ GROUPS = (
             Option(
                 "pod_resources",
                 OnOff(),
-                "off",
+                "on",
                 "{on,off}",
                 "export which pods hold units, read from the kubelet's PodResources API",
                 chart="use podResources.enabled",
-                doc="`off` ([observability.md](observability.md#which-pods-hold-the-device---pod-resources-on))",
+                doc="`on` ([observability.md](observability.md#which-pods-hold-the-device---pod-resources))",
             ),
             Option(
                 "pod_resources_socket",
