@@ -370,7 +370,8 @@ def fleet() -> Board:
             ("Allocate", allocate),
             ("Kubelet and registration", kubelet),
         ],
-        # Off by default (--pod-resources, dra.mode): closed, so that a default install shows no empty rows.
+        # Closed: the DRA driver is off by default (dra.mode), so a default install shows no empty row. The Pods
+        # rows (--pod-resources, now on by default) are closed too: the pictures' bench serves no PodResources.
         collapsed=[("Pods", fleet_pods()), ("DRA driver", fleet_dra())],
         variables=[*variables(multi_node=True), DAEMONSET],
     )

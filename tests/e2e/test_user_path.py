@@ -652,7 +652,7 @@ def test_every_dashboard_query_returns_data_from_the_cluster(
     for path in sorted((REPO / "dashboards").glob("*.json")):
         for where, expr, instant in dashboard_queries(json.loads(path.read_text())):
             if reads_pod_resources(expr) or reads_dra(expr):
-                continue  # off by default: test_pods_holding_units.py and test_dra.py run these
+                continue  # what pods hold and DRA: test_pods_holding_units.py and test_dra.py run these
             query = fill(expr, values)
             checked += 1
             if instant:
