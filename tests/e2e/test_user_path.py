@@ -696,6 +696,7 @@ def test_a_plugin_pod_that_cannot_start_shows_on_the_fleet_dashboard_and_fires_i
     fleet = {p["title"]: p for p in fleet_panels()}
     old = only_plugin_pod(user_cluster, node)
     wrong = "hostPaths.devicePlugins=/var/lib/k0s/kubelet/device-plugins"  # not on this node
+    began = time.monotonic()
     user_helm.run("upgrade", RELEASE, *user_helm.chart, "--namespace", NAMESPACE, "--reset-values",
                   *user_helm.image_values, "--set", wrong)  # fmt: skip
 
@@ -717,6 +718,7 @@ def test_a_plugin_pod_that_cannot_start_shows_on_the_fleet_dashboard_and_fires_i
         alert = f'ALERTS{{alertname="AteDevpluginPodMissing", alertstate="firing", pod="{name}", node="{node.name}"}}'
         try:
             prometheus.wait_for(alert, timeout=120)
+            fired = time.monotonic() - began
         except TimeoutError:
             (rule,) = [r for r in prometheus.rules() if r["name"] == "AteDevpluginPodMissing"]
             print(f"rule: {json.dumps(rule, indent=1)}\nits expression now: {prometheus.query(rule['query'])}")
@@ -732,6 +734,8 @@ def test_a_plugin_pod_that_cannot_start_shows_on_the_fleet_dashboard_and_fires_i
         assert rows == {(node.name, name, "Pending")}
         assert [s.value for s in instant("Plugin pods, by node")] == [1], "not reporting: yes"
         assert [(s.labels["node"], s.value) for s in instant("Daemon up, by node")] == [(node.name, 0)]
+        print(f"{name} Pending without an IP; AteDevpluginPodMissing firing {fired:.0f}s after the upgrade; Fleet: "
+              f"Daemons up 0 of 1 expected, Daemons down 1, Plugin pods {sorted(rows)} not reporting")  # fmt: skip
     finally:
         user_helm.upgrade()
     wait_plugin_ready(user_cluster, node)
