@@ -215,7 +215,7 @@ def components(
             settings.part(DraSettings),
             kube,
             cdi.device_id,
-            DraMetrics(metrics.registry),
+            DraMetrics(metrics.registry, metrics.health_changed),
             tracing.tracer,
             specs.cdi_problem,
         )

@@ -26,8 +26,7 @@ def metric_labels() -> dict[str, set[str]]:
     """Every ``ate_devplugin_*`` series name the daemon can export (DRA and PodResources
     included), with its label names."""
     registry = CollectorRegistry()
-    Metrics(registry)
-    DraMetrics(registry)
+    DraMetrics(registry, Metrics(registry).health_changed)
     PodResourcesMetrics(registry)
     out: dict[str, set[str]] = {}
     for family in registry.collect():

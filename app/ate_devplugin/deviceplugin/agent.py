@@ -129,6 +129,7 @@ class ResourceAgent:
         ):
             self.state.update(found)
             self.metrics.health_changes.labels(self.name, health.lower()).inc()
+            self.metrics.health_changed.labels(self.name).set_to_current_time()
             log.info(
                 "devices %s",
                 "present" if found.complete else "absent",

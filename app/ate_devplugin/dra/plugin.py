@@ -79,6 +79,7 @@ class DraPlugin:
         # Device name -> resource, of every present resource's devices in the configured
         # model: a claim the scheduler allocated just before a fallback to slots still prepares.
         self._present: dict[str, str] = {}
+        self._healthy: dict[str, bool] = {}  # resource -> its devices' health at the last discovery
 
     def _lookup(self, device: str) -> str | None:
         """The one place prepare asks for a device's CDI ID (``cdi_id``: host.cdi's answer)."""
@@ -168,8 +169,19 @@ class DraPlugin:
         reports = []
         for r in self._resources:
             ok = found[r.name].complete
+            self._note_health(r.name, ok)
             text = f"{r.name}: " + (
                 "every device node present" if ok else f"device node missing ({', '.join(r.devices)})"
             )
             reports += [DeviceReport(d.name, ok, text) for d in self._devices(r, self.publisher.sharing)]
         self.health.update(reports)
+        for gone in set(self._healthy) - {r.name for r in self._resources}:
+            del self._healthy[gone]
+            self.metrics.health_changed.remove(gone)
+
+    def _note_health(self, resource: str, healthy: bool) -> None:
+        """The time of a change of the resource's health (absent until first seen present)."""
+        gauge = self.metrics.health_changed.labels(resource)  # at 0 from the first discovery
+        if healthy != self._healthy.get(resource, False):
+            gauge.set_to_current_time()
+        self._healthy[resource] = healthy

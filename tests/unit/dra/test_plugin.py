@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +207,33 @@ async def test_slices_carry_the_slots_the_owner_and_the_pool(rig: Rig) -> None:
     assert rig.sample("ate_devplugin_dra_sharing", model="capacity") == 1
     assert rig.sample("ate_devplugin_dra_sharing", model="slots") == 0
     assert rig.sample("ate_devplugin_dra_slices_in_sync") == 1
+
+
+async def test_each_health_change_of_a_resource_is_timed(tmp_path: Path) -> None:
+    """The "since" of the dashboards: set when the devices' health flips, kept otherwise,
+    gone with the resource."""
+    rig = Rig(tmp_path)
+    await rig.start()
+    changed = "ate_devplugin_device_health_last_change_timestamp_seconds"
+    try:
+        rig.plugin.on_discovery(ABSENT)
+        assert rig.sample(changed, resource_name=KVM.name) == 0, "absent from the start: no change yet"
+        rig.plugin.on_discovery(PRESENT)
+        present_at = rig.sample(changed, resource_name=KVM.name)
+        assert present_at is not None
+        assert time.time() - 60 < present_at <= time.time()
+        rig.plugin.on_discovery(PRESENT)
+        assert rig.sample(changed, resource_name=KVM.name) == present_at
+        await asyncio.sleep(0.01)
+        rig.plugin.on_discovery(ABSENT)
+        lost_at = rig.sample(changed, resource_name=KVM.name)
+        assert lost_at is not None
+        assert present_at < lost_at <= time.time()
+        await rig.plugin.on_resources(())
+        rig.plugin.on_discovery({})
+        assert rig.sample(changed, resource_name=KVM.name) is None
+    finally:
+        await rig.plugin.stop(2.0)
 
 
 async def test_slices_follow_device_health_and_come_back_after_a_wipe(rig: Rig) -> None:
