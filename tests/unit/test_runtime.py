@@ -137,15 +137,15 @@ def test_device_plugin_mode_loads_no_kubernetes_client_nor_pod_reader() -> None:
         "print(sorted(n for n in sys.modules if 'podresources' in n))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
-    assert out.stdout.splitlines() == ["['device plugin', 'CDI specs']", "[]", "[]"]
+    assert out.stdout.splitlines() == ["['kvm probe', 'device plugin', 'CDI specs']", "[]", "[]"]
 
 
 @pytest.mark.parametrize(
     ("mode", "built"),
     [
-        ("device-plugin", ["device plugin", "CDI specs", "pod resources"]),
-        ("both", ["device plugin", "CDI specs", "DRA driver", "pod resources"]),
-        ("dra", ["CDI specs", "DRA driver", "pod resources"]),
+        ("device-plugin", ["kvm probe", "device plugin", "CDI specs", "pod resources"]),
+        ("both", ["kvm probe", "device plugin", "CDI specs", "DRA driver", "pod resources"]),
+        ("dra", ["kvm probe", "CDI specs", "DRA driver", "pod resources"]),
     ],
 )
 def test_each_mode_builds_its_components(tmp_path: Path, mode: str, built: list[str]) -> None:

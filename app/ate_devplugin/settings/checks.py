@@ -90,3 +90,10 @@ def seconds(value: str, name: str) -> float:
     if not 0 <= number <= MAX_SECONDS:  # also refuses nan
         raise ConfigError(name, f"must be a number of seconds from 0 to {MAX_SECONDS:.0f} (got {value!r})")
     return number
+
+
+def positive_seconds(value: str, name: str) -> float:
+    number = seconds(value, name)
+    if number == 0:
+        raise ConfigError(name, f"must be a number of seconds above 0, at most {MAX_SECONDS:.0f} (got {value!r})")
+    return number

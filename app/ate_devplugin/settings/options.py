@@ -34,6 +34,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 # capacity: a shareable device per resource where the API server keeps it, plus the slots;
 # slots: the slots only (docs/dra.md, "Sharing one /dev/kvm").
 DRA_SHARING = ("capacity", "slots")
+# local: the daemon opens the device itself; off: existence only (docs/kvm-health.md).
+KVM_PROBE_MODES = ("local", "off")
 KUBELET_SOCKET = "kubelet.sock"
 POD_RESOURCES_DIR = "pod-resources"  # next to the device-plugins directory in the kubelet's root
 
@@ -245,6 +247,38 @@ GROUPS = (
                 applies=DRA_ONLY,
                 chart="use dra.sharing",
                 doc="`capacity` ([dra.md](dra.md#sharing-one-devkvm-among-many-claims))",
+            ),
+        ),
+    ),
+    Group(
+        "KVM health (resources with health kvm: docs/kvm-health.md)",
+        (
+            Option(
+                "kvm_probe",
+                OneOf(KVM_PROBE_MODES),
+                "local",
+                _braces(KVM_PROBE_MODES),
+                "local: the daemon probes the device itself (it must be able to open it); off: existence only",
+                chart="the chart sets off: its unprivileged daemon cannot open host devices (docs/kvm-health.md)",
+                doc="`local` ([kvm-health.md](kvm-health.md#where-the-probe-runs))",
+            ),
+            Option(
+                "kvm_probe_period",
+                checks.seconds,
+                "60",
+                "SECONDS",
+                "seconds between functional probes of each KVM resource, jittered by a tenth; it is probed at start "
+                "and on every change of its device node too; 0: only then",
+                applies=Applies(switch="kvm_probe"),
+                doc="`60` ([kvm-health.md](kvm-health.md))",
+            ),
+            Option(
+                "kvm_probe_timeout",
+                checks.positive_seconds,
+                "5",
+                "SECONDS",
+                "a probe with no verdict by then is killed and the device Unhealthy (timed-out)",
+                applies=Applies(switch="kvm_probe"),
             ),
         ),
     ),

@@ -146,6 +146,16 @@ class DraSettings:
 
 
 @dataclass(frozen=True)
+class KvmHealthSettings:
+    """The KVM probe's part: where the devices are found, how often and how long each probe."""
+
+    device_root: str
+    kvm_probe: str
+    kvm_probe_period: float
+    kvm_probe_timeout: float
+
+
+@dataclass(frozen=True)
 class DaemonSettings:
     """The supervisor's part: where devices are found, and its deadlines."""
 
