@@ -209,7 +209,10 @@ def components(
             DraMetrics(metrics.registry),
             tracing.tracer,
             specs.cdi_problem,
+            kvm=kvm is not None,
         )
+        if kvm is not None:
+            kvm.listeners.append(dra.on_kvm_verdict)
         built.append(dra)
     if part.pod_resources:
         from ate_devplugin.observability.metrics import PodResourcesMetrics

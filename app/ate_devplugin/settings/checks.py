@@ -19,14 +19,16 @@ MAX_SLOTS = 1024
 
 @dataclass(frozen=True)
 class OneOf:
-    """One of a few words, in any case."""
+    """One of a few words, given in any case."""
 
     choices: tuple[str, ...]
 
     def __call__(self, value: str, name: str) -> str:
-        if value.lower() not in self.choices:
+        """The choice as the table spells it."""
+        spelled = next((c for c in self.choices if c.lower() == value.lower()), None)
+        if spelled is None:
             raise ConfigError(name, f"must be one of {', '.join(self.choices)} (got {value!r})")
-        return value.lower()
+        return spelled
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 # capacity: a shareable device per resource where the API server keeps it, plus the slots;
 # slots: the slots only (docs/dra.md, "Sharing one /dev/kvm").
 DRA_SHARING = ("capacity", "slots")
+# The effect of the taint a KVM device that fails its probe carries (docs/kvm-health.md).
+DRA_TAINT_EFFECTS = ("NoSchedule", "NoExecute")
 # local: the daemon opens the device itself; off: existence only (docs/kvm-health.md).
 KVM_PROBE_MODES = ("local", "off")
 KUBELET_SOCKET = "kubelet.sock"
@@ -247,6 +249,16 @@ GROUPS = (
                 applies=DRA_ONLY,
                 chart="use dra.sharing",
                 doc="`capacity` ([dra.md](dra.md#sharing-one-devkvm-among-many-claims))",
+            ),
+            Option(
+                "dra_taint_effect",
+                OneOf(DRA_TAINT_EFFECTS),
+                "NoSchedule",
+                _braces(DRA_TAINT_EFFECTS),
+                "the effect of the taint on the devices of a KVM resource that fails its probe: NoSchedule keeps "
+                "new claims off them, NoExecute also evicts the pods of allocated claims that do not tolerate it",
+                applies=DRA_ONLY,
+                doc="`NoSchedule` ([kvm-health.md](kvm-health.md#dra-device-taints))",
             ),
         ),
     ),

@@ -134,6 +134,7 @@ class DraSettings:
     dra_dir: str
     dra_slots: int
     dra_sharing: str
+    dra_taint_effect: str = "NoSchedule"
     driver: str = DRA_DRIVER
 
     @property
