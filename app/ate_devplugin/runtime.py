@@ -190,6 +190,10 @@ def components(
         # the others before that discovery does, so no unit counts Healthy for an instant.
         kvm = KvmHealth(kvm_part, KvmMetrics(metrics.registry))
         built.append(kvm)
+        if kvm_part.nfd_features_dir:
+            from ate_devplugin.kvmhealth.labels import FeatureFile
+
+            kvm.listeners.append(FeatureFile(kvm_part.nfd_features_dir, DRA_DRIVER).on_kvm_verdict)
     if part.device_plugin:
         plugin_part = settings.part(DevicePluginSettings)
         ports = ports or host_ports(plugin_part, metrics, tracing, specs)

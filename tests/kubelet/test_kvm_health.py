@@ -8,11 +8,13 @@ is printed (``-s``): it is a figure for the docs, not a bound.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
 import pytest
 
+from ate_devplugin.kvm.facts import read_node_facts
 from tests.harness.daemon import DevicePluginDaemon, MakeDaemon
 from tests.harness.devices import DeviceNumber, add_device_node
 from tests.harness.kubelet import BenchError, KubeletBench, Namespace
@@ -139,3 +141,23 @@ resources:
     # Only the KVM resource has probe series.
     names = {labels for (name, labels) in d.metrics() if name == "ate_devplugin_kvm_probe_state"}
     assert {dict(labels)["resource_name"] for labels in names} == {KVM}
+
+
+def test_the_facts_become_an_nfd_feature_file(
+    kubelet: KubeletBench, daemon: MakeDaemon, device_root: Path, tmp_path: Path
+) -> None:
+    """Device-plugin mode's node labels: nfd-worker's local source reads this file."""
+    features = tmp_path / "features.d"
+    features.mkdir()
+    d = daemon(env={"ATE_DEVPLUGIN_NFD_FEATURES_DIR": str(features)})
+    kubelet.wait(KVM, capacity=UNITS, allocatable=UNITS, timeout=30)
+    path = features / "ate-devplugin-kvm"
+    wait_until(lambda: path.exists() and "ate.dev/cpuidDigest=" in path.read_text(), 10, "the feature file")
+    labels = dict(line.split("=", 1) for line in path.read_text().splitlines() if not line.startswith("#"))
+    assert labels["ate.dev/kvmImplementation"] == read_node_facts().kvm_implementation
+    assert labels["ate.dev/kvmApiVersion"] == "12"
+    assert re.fullmatch(r"[0-9a-f]{32}", labels["ate.dev/cpuidDigest"])
+    assert any(name.startswith("ate.dev/cpuid.") for name in labels)
+    assert not list(features.glob(".*"))  # no temporary file left for nfd-worker to skip
+    print("feature file:", len(labels), "labels;", path.read_text().splitlines()[0])
+    d.stop()

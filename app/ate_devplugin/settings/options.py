@@ -292,6 +292,16 @@ GROUPS = (
                 "a probe with no verdict by then is killed and the device Unhealthy (timed-out)",
                 applies=Applies(switch="kvm_probe"),
             ),
+            Option(
+                "nfd_features_dir",
+                checks.absolute_or_empty,
+                "",
+                "DIR",
+                "node-feature-discovery's features.d: the KVM facts go there as node labels (ate.dev/cpuModel=...)",
+                "none: no feature file",
+                applies=Applies(switch="kvm_probe"),
+                doc="none ([kvm-health.md](kvm-health.md#as-node-labels-device-plugin-mode))",
+            ),
         ),
     ),
     Group(

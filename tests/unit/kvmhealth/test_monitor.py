@@ -54,7 +54,11 @@ class Harness:
         self.root = str(tmp_path / "dev")
         (tmp_path / "dev").mkdir()
         settings = KvmHealthSettings(
-            device_root=self.root, kvm_probe="local", kvm_probe_period=period, kvm_probe_timeout=timeout
+            device_root=self.root,
+            kvm_probe="local",
+            kvm_probe_period=period,
+            kvm_probe_timeout=timeout,
+            nfd_features_dir="",
         )
         self.registry = CollectorRegistry()
         self.health = KvmHealth(settings, KvmMetrics(self.registry), prober, rng=lambda: 0.5)
