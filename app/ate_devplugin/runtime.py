@@ -43,6 +43,7 @@ from ate_devplugin.settings import (
     DaemonSettings,
     DevicePluginSettings,
     DraSettings,
+    KvmHealthSettings,
     PodResourcesSettings,
     RuntimeSettings,
     Settings,
@@ -200,12 +201,27 @@ def components(
     # A DRA driver answers with CDI names only: then every resource needs its spec.
     specs = specs or cdi.CdiSpecs(part.cdi_dir, metrics, every_resource=kube is not None)
     built: list[Component] = []
-    plugin = dra = None
+    plugin = dra = kvm = None
+    kvm_part = settings.part(KvmHealthSettings)
+    if kvm_part.kvm_probe == "local":
+        from ate_devplugin.kvmhealth.monitor import KvmHealth
+        from ate_devplugin.observability.metrics import KvmMetrics
+
+        # First: a verdict a discovery decides at once (a node that is not 10:232) reaches
+        # the others before that discovery does, so no unit counts Healthy for an instant.
+        kvm = KvmHealth(kvm_part, KvmMetrics(metrics.registry))
+        built.append(kvm)
+        if kvm_part.nfd_features_dir:
+            from ate_devplugin.kvmhealth.labels import FeatureFile
+
+            kvm.listeners.append(FeatureFile(kvm_part.nfd_features_dir, DRA_DRIVER).on_kvm_verdict)
     if part.device_plugin:
         plugin_part = settings.part(DevicePluginSettings)
         ports = ports or host_ports(plugin_part, metrics, tracing, specs)
         plugin = DevicePlugin(plugin_part, ports, metrics, tracing.tracer)
         built.append(plugin)
+        if kvm is not None:
+            kvm.listeners.append(plugin.on_kvm_verdict)
     built.append(specs)
     if kube is not None:
         from ate_devplugin.dra.plugin import DraPlugin
@@ -218,7 +234,10 @@ def components(
             DraMetrics(metrics.registry, metrics.health_changed),
             tracing.tracer,
             specs.cdi_problem,
+            kvm=kvm is not None,
         )
+        if kvm is not None:
+            kvm.listeners.append(dra.on_kvm_verdict)
         built.append(dra)
     if part.pod_resources:
         from ate_devplugin.observability.metrics import PodResourcesMetrics

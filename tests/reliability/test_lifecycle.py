@@ -277,7 +277,7 @@ def test_sigusr1_writes_the_state_to_the_log_and_nothing_stops(
     assert alive(d)
     assert (plugins / SOCKET).is_socket()
     assert state["resources"]["ate.dev/kvm"] == {"devices": ["/dev/kvm 10:232"], "complete": True}
-    assert set(state["components"]) == {"device plugin", "CDI specs"}
+    assert set(state["components"]) == {"device plugin", "CDI specs", "kvm probe"}
     assert state["alive"] is True
 
 

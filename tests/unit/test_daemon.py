@@ -60,6 +60,7 @@ class Setup:
             "device_root": str(tmp_path / "dev"),
             "plugin_dir": str(tmp_path / "plugins"),
             "cdi_dir": str(tmp_path / "cdi"),
+            "kvm_probe": "off",  # these nodes are 10:200; tests/unit/kvmhealth probes
             **(flags or {}),
         }
         if config is not None:

@@ -113,7 +113,11 @@ def test_sigusr1_writes_the_state_to_the_log_and_the_daemon_goes_on(
     state = record.__dict__["state"]
     assert state["ready"] is True
     assert state["alive"] is True
-    assert state["components"] == {"device plugin": "ok: 0 of 1 resources present and registered", "CDI specs": "ready"}
+    assert state["components"] == {
+        "device plugin": "ok: 0 of 1 resources present and registered",
+        "CDI specs": "ready",
+        "kvm probe": "ready",
+    }
     assert state["resources"] == {"ate.dev/kvm": {"devices": [], "complete": False}}
     assert state["config"] == str(tmp_path / "config.yaml")
     # Stopped by the SIGTERM that followed, not by SIGUSR1.
@@ -169,15 +173,15 @@ def test_device_plugin_mode_loads_no_kubernetes_client_nor_pod_reader_when_off()
         "print(sorted(n for n in sys.modules if 'podresources' in n))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
-    assert out.stdout.splitlines() == ["['device plugin', 'CDI specs']", "[]", "[]"]
+    assert out.stdout.splitlines() == ["['kvm probe', 'device plugin', 'CDI specs']", "[]", "[]"]
 
 
 @pytest.mark.parametrize(
     ("mode", "built"),
     [
-        ("device-plugin", ["device plugin", "CDI specs", "pod resources"]),
-        ("both", ["device plugin", "CDI specs", "DRA driver", "pod resources"]),
-        ("dra", ["CDI specs", "DRA driver", "pod resources"]),
+        ("device-plugin", ["kvm probe", "device plugin", "CDI specs", "pod resources"]),
+        ("both", ["kvm probe", "device plugin", "CDI specs", "DRA driver", "pod resources"]),
+        ("dra", ["kvm probe", "CDI specs", "DRA driver", "pod resources"]),
     ],
 )
 def test_each_mode_builds_its_components(tmp_path: Path, mode: str, built: list[str]) -> None:

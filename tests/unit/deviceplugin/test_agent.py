@@ -195,6 +195,27 @@ async def test_health_follows_the_devices(world: World) -> None:
     await agent.stop()
 
 
+async def test_health_follows_a_failing_check_beyond_existence(world: World) -> None:
+    agent = await started(world)
+    changes = world.metrics.registry.get_sample_value
+    version = agent.state.version
+    agent.apply_failing("not-a-kvm-device")
+    assert (agent.state.health, agent.state.version) == ("Unhealthy", version + 1)
+    agent.apply_failing("run-failed")  # another reason, the same health: the streams hear nothing
+    assert agent.state.version == version + 1
+    agent.apply_discovery(Discovery(nodes=(), complete=False))  # gone as well: still Unhealthy
+    agent.apply_discovery(FOUND)  # back, but still failing
+    assert (agent.state.health, agent.state.version) == ("Unhealthy", version + 1)
+    agent.apply_failing(None)
+    assert (agent.state.health, agent.state.version) == ("Healthy", version + 2)
+    unhealthy = {"resource_name": KVM.name, "health": "unhealthy"}
+    healthy = {"resource_name": KVM.name, "health": "healthy"}
+    assert changes("ate_devplugin_device_health_changes_total", unhealthy) == 1
+    assert changes("ate_devplugin_device_health_changes_total", healthy) == 2  # the first discovery, and now
+    assert changes("ate_devplugin_devices", healthy) == KVM.units
+    await agent.stop()
+
+
 async def test_stop_is_bounded_when_the_task_swallows_cancellation(world: World) -> None:
     released = asyncio.Event()
 
