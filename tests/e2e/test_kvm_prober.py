@@ -41,6 +41,11 @@ def release(cluster: Cluster, helm: Helm) -> Iterator[None]:
         cluster.node.run(["rm", "-rf", PRIVATE_DEV])
 
 
+def _running_prober(cluster: Cluster) -> dict[str, Any] | None:
+    (pod,) = cluster.get_json("pods", "-n", NAMESPACE, "-l", PROBER_SELECTOR)["items"]
+    return pod if pod["status"]["phase"] == "Running" else None
+
+
 def _state(cluster: Cluster) -> tuple[dict[str, Any], dict[str, float]]:
     (pod,) = plugin_pods(cluster)
     values = metrics(cluster, pod)
@@ -63,8 +68,8 @@ def _verdicts(cluster: Cluster, reason: str) -> float:
 
 
 def test_the_prober_pod_is_unprivileged_and_holds_one_unit(cluster: Cluster, release: None) -> None:
-    (prober,) = cluster.get_json("pods", "-n", NAMESPACE, "-l", PROBER_SELECTOR)["items"]
-    assert prober["status"]["phase"] == "Running"
+    # Scheduled once the node advertises the resource the prober requests.
+    prober = wait_until("the prober pod running", lambda: _running_prober(cluster), 120)
     (c,) = prober["spec"]["containers"]
     assert c["resources"]["limits"][RESOURCE] == "1"
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
@@ -109,3 +114,6 @@ def test_the_real_device_passes_a_1_3_node_is_unhealthy_and_back(cluster: Cluste
           f"passed verdicts {_verdicts(cluster, 'passed'):g}, readyz {readyz!r}")  # fmt: skip
     logs = cluster.kubectl("logs", "-n", NAMESPACE, "-l", PROBER_SELECTOR, "--tail", "5")
     print("prober's log:\n" + logs)
+    # One prober all along: its reports came over one connection, it never restarted.
+    (prober,) = cluster.get_json("pods", "-n", NAMESPACE, "-l", PROBER_SELECTOR)["items"]
+    assert prober["status"]["containerStatuses"][0]["restartCount"] == 0

@@ -90,7 +90,7 @@ async def _session(
         result = await prober.probe(path, float(request.get("timeout_s", 5)))
         _send(writer, {"report": {"resource": resource, "result": result.to_json()}})
         await writer.drain()
-        log.info("probed %s (%s): %s", resource, path, result.reason, extra={"message": result.message})
+        log.info("probed %s (%s): %s: %s", resource, path, result.reason, result.message)
     return False
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -28,7 +29,10 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
     assert await h.health.stop(2.0) == []
 
 
-async def test_unverified_until_the_prober_reports_then_its_verdicts_count(harness: Harness) -> None:
+async def test_unverified_until_the_prober_reports_then_its_verdicts_count(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)  # as the prober's pod logs: every line is made
     h = harness
     h.discover()
     assert h.health.readiness() == (True, "KVM probe: waiting for the prober (ate.dev/kvm)")
@@ -47,6 +51,8 @@ async def test_unverified_until_the_prober_reports_then_its_verdicts_count(harne
         link = h.health.link
         assert link is not None
         assert link.hello == {"pod": "ns/prober", "devices": {KVM.name: "/dev/kvm"}}
+        assert not prober.done()
+        assert "probed ate.dev/kvm (/dev/kvm): run-failed: /dev/kvm: run-failed" in caplog.text
     finally:
         prober.cancel()
         with contextlib.suppress(asyncio.CancelledError):
