@@ -48,6 +48,7 @@ class ProberLink:
         self.on_gone = on_gone
         self.hello: dict[str, Any] | None = None
         self._server: asyncio.Server | None = None
+        self._inode = -1
         self._writer: asyncio.StreamWriter | None = None
         self._waiting: dict[str, asyncio.Future[ProbeResult]] = {}
         self._gone_timer: asyncio.TimerHandle | None = None
@@ -66,6 +67,7 @@ class ProberLink:
         self._server = await asyncio.start_unix_server(self._serve, self.path, limit=MAX_LINE)
         # The prober runs as another (non-root) user; only pods that mount the directory reach it.
         os.chmod(self.path, 0o666)
+        self._inode = os.stat(self.path).st_ino
         self._away()
 
     async def close(self) -> None:
@@ -75,8 +77,10 @@ class ProberLink:
             self._server.close()
         if self._writer is not None:
             self._writer.close()
+        # Only our own: in a rollout the next daemon pod may already serve the path (1.37+ overlap).
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+            if os.stat(self.path).st_ino == self._inode:
+                os.unlink(self.path)
 
     async def probe(self, resource: str, timeout: float) -> ProbeResult | None:
         """The prober's verdict on ``resource``; None when no prober is connected or it left

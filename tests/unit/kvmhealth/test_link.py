@@ -16,6 +16,7 @@ import pytest
 
 from ate_devplugin.kvm.probe import ProbeResult
 from ate_devplugin.kvm.reasons import Reason
+from ate_devplugin.kvmhealth.link import ProberLink
 from ate_devplugin.kvmhealth.prober import serve
 from tests.unit.kvmhealth.test_monitor import KVM, FakeProber, Harness, until
 
@@ -126,3 +127,15 @@ async def test_the_prober_waits_for_the_daemon_with_backoff(tmp_path: Path) -> N
         assert fake.closed
     finally:
         server.close()
+
+
+async def test_a_stopping_daemon_leaves_the_next_ones_socket(tmp_path: Path) -> None:
+    """A rollout with overlap (1.37+): the new daemon serves the path before the old stops."""
+    path = str(tmp_path / "run/prober.sock")
+    old, new = ProberLink(path, 60.0), ProberLink(path, 60.0)
+    await old.start()
+    await new.start()
+    await old.close()
+    assert Path(path).is_socket()
+    await new.close()
+    assert not Path(path).exists()
