@@ -36,6 +36,27 @@ QEMU = ["qemu-system-x86_64", "-M", "microvm,x-option-roms=off,rtc=on", "-accel"
 MARKER = re.compile(r"ate guest: Linux \S+-cloud-amd64 booted")
 
 
+def linux_image(vmm_archive: Path, workdir: Path) -> Path:
+    """The VMM image with the script's kernel and initramfs at /opt/microvm, as an archive."""
+    built = subprocess.run(["sh", str(SCRIPT), str(workdir / "guest")], capture_output=True, text=True,
+                           timeout=900, check=False)  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    print(built.stdout)
+    container = buildah("from", f"docker-archive:{vmm_archive}").stdout.strip()
+    try:
+        for name in ("vmlinuz", "initrd.gz"):
+            buildah("copy", "--chmod", "0644", container, str(workdir / "guest" / name), f"/opt/microvm/{name}")
+        buildah("commit", "--quiet", container, LINUX_IMAGE, timeout=600)
+    finally:
+        buildah("rm", container, check=False)
+    archive = workdir / "vmm-linux.tar"
+    try:
+        buildah("push", "--quiet", LINUX_IMAGE, f"docker-archive:{archive}:{LINUX_IMAGE}", timeout=600)
+    finally:
+        buildah("rmi", LINUX_IMAGE, check=False)
+    return archive
+
+
 def test_the_debian_cloud_kernel_boots_in_an_unprivileged_pod(
     request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -45,22 +66,7 @@ def test_the_debian_cloud_kernel_boots_in_an_unprivileged_pod(
     clusters: Clusters = request.getfixturevalue("clusters")
     cluster = request.getfixturevalue("cluster_137")
     helm: Helm = request.getfixturevalue("helm_137")
-    built = subprocess.run(["sh", str(SCRIPT), str(tmp_path / "guest")], capture_output=True, text=True,
-                           timeout=900, check=False)  # fmt: skip
-    assert built.returncode == 0, built.stderr
-    print(built.stdout)
-    container = buildah("from", f"docker-archive:{clusters.vmm_image()}").stdout.strip()
-    try:
-        for name in ("vmlinuz", "initrd.gz"):
-            buildah("copy", "--chmod", "0644", container, str(tmp_path / "guest" / name), f"/opt/microvm/{name}")
-        buildah("commit", "--quiet", container, LINUX_IMAGE, timeout=600)
-    finally:
-        buildah("rm", container, check=False)
-    archive = tmp_path / "vmm-linux.tar"
-    try:
-        buildah("push", "--quiet", LINUX_IMAGE, f"docker-archive:{archive}:{LINUX_IMAGE}", timeout=600)
-    finally:
-        buildah("rmi", LINUX_IMAGE, check=False)
+    archive = linux_image(clusters.vmm_image(), tmp_path)
     for node in cluster.nodes:
         node.ctr("images", "import", str(archive), timeout=600)
     pod = worker("stock-kernel", node=cluster.node)
