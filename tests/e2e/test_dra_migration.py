@@ -270,7 +270,7 @@ def scale(cluster: Cluster, replicas: int) -> list[dict[str, Any]]:
     found = pods(cluster)
     for pod in found:
         if pod["metadata"]["uid"] not in BOOTED:
-            # Up to ten QEMUs boot at once here, on two cores: 3.3-5.1 s each measured.
+            # Up to ten QEMUs boot at once here, on two cores: 3.3-9.4 s each measured.
             booted_as_shipped(wait_report(cluster, pod), cluster.cgroup, bound_s=3 * BOUND_S)
             BOOTED.add(pod["metadata"]["uid"])
     return pods(cluster)
