@@ -8,6 +8,8 @@
 # first stage runs on the very same /usr/bin/python3 in the second one.
 # No compilers in either stage: every dependency must come as a wheel.
 
+# tools/build-image.sh builds each architecture FROM its own base: another than the
+# host's gets the official image's name for that architecture alone (arm64v8/debian).
 ARG BASE_IMAGE=docker.io/library/debian:bookworm-slim
 
 # ---------------------------------------------------------------------------

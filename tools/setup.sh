@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Installs what the demo and the tests need on a fresh machine, then builds the Go peers.
-#   tools/setup.sh demo    Python package + the kubelet bench
+# Installs what the demo, the benches and the tests need on a fresh machine, then builds
+# the Go peers.
+#   tools/setup.sh demo    what `make demo` runs, no more: the package with its runtime
+#                          dependencies and the kubelet bench of 1.37, a --quick build when
+#                          none is there (tools/build-kubelet-bench.sh)
+#   tools/setup.sh bench   the dev extra and the kubelet bench of every release, optimized
 #   tools/setup.sh test    everything: + Debian tools, helm, the image's base, and the
 #                          clusters of tests/e2e (Kubernetes 1.35 and 1.37 binaries,
 #                          containerd 1.6 from Debian and containerd 2 built from source)
@@ -8,13 +12,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-test}
+case "$what" in
+  demo | bench | test) ;;
+  *) echo "setup.sh: unknown '$what' (expected demo, bench or test)" >&2; exit 2 ;;
+esac
 
 apt_packages=(util-linux)
 if [ "$what" = test ]; then
   # prometheus (server + promtool) for the metrics, alert and dashboard tests; buildah,
-  # podman and debootstrap to build and run the image without a Docker engine; python3-venv
-  # for the unprivileged unit-test run (make unit-nonroot).
-  apt_packages+=(prometheus buildah podman debootstrap python3-venv)
+  # podman and debootstrap to build and run the image without a Docker engine, and
+  # qemu-user-static to build and run its arm64 image under emulation; python3-venv for
+  # the unprivileged unit-test run (make unit-nonroot).
+  apt_packages+=(prometheus buildah podman debootstrap qemu-user-static python3-venv)
   # The clusters of tests/e2e: container runtime, etcd, pod network, curl and
   # ip inside its namespaces; gcc and libc6-dev for the statically linked pause image.
   apt_packages+=(containerd runc etcd-server containernetworking-plugins curl iproute2 gcc libc6-dev)
@@ -44,10 +53,17 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # Every Python dependency of the tests, bench and tools is in pyproject's dev extra, the
-# DRA driver's client (the dra extra) included.
-python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -e ".[dev]"
+# DRA driver's client (the dra extra) included. The demo imports only what the daemon does.
+extra="[dev]"
+[ "$what" = demo ] && extra=""
+python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -e ".${extra}"
 
-tools/build-kubelet-bench.sh
+if [ "$what" = demo ]; then
+  # The demo runs the newest release only, and not for speed.
+  tools/build-kubelet-bench.sh --quick 1.37
+else
+  tools/build-kubelet-bench.sh
+fi
 if [ "$what" = test ]; then
   # Kubernetes 1.37 for tests/e2e (control plane and kubelet; about 490 CPU-seconds cold),
   # in the background while the chart tools install: checkov's venv waits on the network

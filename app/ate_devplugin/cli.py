@@ -12,86 +12,14 @@ import os
 import sys
 import textwrap
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from ate_devplugin import __version__, runtime
 from ate_devplugin.config import MAX_CONFIG_BYTES, ConfigError, Problem, decode_resources, load_resources, read_bounded
 from ate_devplugin.runtime import config_error
-from ate_devplugin.settings import (
-    DEFAULTS,
-    DRA_SHARING,
-    LOG_FORMATS,
-    LOG_LEVELS,
-    MODES,
-    flag_of,
-    idle_fields,
-    mode_of,
-    resolve,
-)
-from ate_devplugin.settings import variable_of as var
+from ate_devplugin.settings import GROUPS, OPTIONS, Option, idle_fields, resolve, value_of
 
 STDIN = "-"
-
-
-@dataclass(frozen=True)
-class Option:
-    """One option of ``run``: what it means, its value's form, and what the default does
-    (when the default's text alone does not say it)."""
-
-    key: str
-    metavar: str
-    text: str
-    default: str = ""
-
-
-def _choices(values: Iterable[str]) -> str:
-    return "{" + ",".join(values) + "}"
-
-
-GROUPS: dict[str, list[Option]] = {
-    "the device plugin": [
-        Option("config", "FILE", "the resource config file", "none: ate.dev/kvm -> /dev/kvm"),
-        Option("device_root", "DIR", "where the host's /dev is visible"),
-        Option("plugin_dir", "DIR", "the kubelet's device plugin directory: kubelet.sock and our sockets"),
-        Option("metrics_address", "HOST:PORT", "where /metrics, /healthz and /readyz are served"),
-        Option("log_format", _choices(LOG_FORMATS), "log lines as JSON or text", "auto: JSON unless on a terminal"),
-        Option("log_level", _choices(LOG_LEVELS), "the least severe level logged"),
-        Option("cdi_dir", "DIR", "where the CDI specs are written (allocate: cdi or both, and DRA)"),
-        Option("mode", _choices(MODES), "serve the device plugin, the DRA driver, or both"),
-        Option(
-            "socket_suffix",
-            "SUFFIX",
-            "a suffix of the device plugin sockets' names, e.g. the pod's UID: two plugin pods can then "
-            "serve one node at once (a rolling update, Kubernetes 1.37+)",
-            "none",
-        ),
-    ],
-    "DRA (mode dra or both)": [
-        Option("node_name", "NAME", "this node's name", "$NODE_NAME (the chart sets it); required with DRA"),
-        Option("registry_dir", "DIR", "the kubelet's plugin registry"),
-        Option("dra_dir", "DIR", "the DRA driver's socket directory"),
-        Option("dra_slots", "N", "single-claim devices per resource on a node, beside the shareable one, 1 to 1024"),
-        Option(
-            "dra_sharing",
-            _choices(DRA_SHARING),
-            "capacity: one shareable device per resource where the API server keeps it, plus the slots; "
-            "slots: the slots only",
-        ),
-    ],
-    "which pods hold units (PodResources)": [
-        Option("pod_resources", "{on,off}", "export which pods hold units, read from the kubelet's PodResources API"),
-        Option(
-            "pod_resources_socket",
-            "PATH",
-            "the kubelet's PodResources socket",
-            "pod-resources/kubelet.sock next to the plugin directory",
-        ),
-        Option(
-            "pod_resources_interval", "SECONDS", "seconds between Lists when no event asked for one; 0: events only"
-        ),
-    ],
-}
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -109,14 +37,12 @@ class _Formatter(argparse.HelpFormatter):
         return "\n".join(indent + line for line in self._split_lines(text, width - len(indent)))
 
 
-def _option_help(option: Option) -> str:
-    default = option.default or DEFAULTS[option.key]
-    return f"{option.text}\n[env {var(option.key)}; default: {default}]"
+def _option_help(option: Option[object], text: str = "") -> str:
+    return f"{text or option.help}\n[env {option.variable}; default: {option.shown_default}]"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The parser of every command and every option (the chart's extraArgs guard is
-    generated from it: tools/gen-chart-args.py)."""
+    """The parser of every command; the options of run come from the settings' table."""
     parser = argparse.ArgumentParser(
         prog="ate-devplugin",
         description="Hands host character devices (/dev/kvm, ...) to pods: a kubelet device plugin and DRA driver.",
@@ -135,10 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
         "A bad value exits 2 with one line per problem; a value that does nothing in this mode is warned about.",
         formatter_class=_Formatter,
     )
-    for title, options in GROUPS.items():
-        group = run.add_argument_group(title)
-        for option in options:
-            group.add_argument(flag_of(option.key), dest=option.key, metavar=option.metavar, help=_option_help(option))
+    for g in GROUPS:
+        group = run.add_argument_group(g.title)
+        for option in g.options:
+            group.add_argument(option.flag, dest=option.key, metavar=option.metavar, help=_option_help(option))
     check = sub.add_parser(
         "check-config",
         help="validate a config file and exit",
@@ -149,10 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "file", metavar="FILE", help=f"the config file, or - for stdin (at most {MAX_CONFIG_BYTES} bytes either way)"
     )
+    mode = OPTIONS["mode"]
     check.add_argument(
-        "--mode",
-        metavar=_choices(MODES),
-        help=f"judge the file for this mode (warnings only)\n[env {var('mode')}; default: {DEFAULTS['mode']}]",
+        mode.flag, metavar=mode.metavar, help=_option_help(mode, "judge the file for this mode (warnings only)")
     )
     sub.add_parser("version", help="print the version", description="Print the version.")
     return parser
@@ -165,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "check-config":
         return check_config(args.file, args.mode)
-    flags = {k: getattr(args, k) for k in DEFAULTS}
+    flags = {key: getattr(args, key) for key in OPTIONS}
     try:
         settings = resolve(flags, os.environ)
     except ConfigError as exc:
@@ -175,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def check_config(file: str, mode_flag: str | None) -> int:
     try:
-        mode = mode_of(mode_flag, os.environ)
+        mode = value_of("mode", mode_flag, os.environ)
         if file == STDIN:
             resources = decode_resources(read_bounded(sys.stdin.fileno(), "stdin"), "stdin")
         else:

@@ -1,8 +1,9 @@
 """The supervisor: one inbox, the event router, the stall watchdog, reload and a bounded stop.
 
 Filesystem events, SIGHUP, stop requests and task deaths arrive in one inbox (``put``).
-Per batch every component (components.py) hears the filesystem events, then the new
-resources if the config file changed, then every resource's devices as discovered again.
+Per batch the components that watch (components.py) hear the filesystem events, then every
+component the new resources if the config file changed, then every resource's devices as
+discovered again.
 A batch not handled in time is a stall: /healthz fails and
 ``ate_devplugin_lifecycle_stalls_total`` says why. A guarded task that dies ends the
 daemon (exit 1: the DaemonSet starts it afresh). Stopping is bounded, naming what is stuck.
@@ -15,7 +16,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ate_devplugin.components import Component, Resources
+from ate_devplugin.components import Component, Liveness, Readiness, Resources, Watching
 from ate_devplugin.host.devices import Discover, discover, watch_dirs
 from ate_devplugin.host.watcher import FsEvent, Watcher, Watches, removed_dirs, touches
 from ate_devplugin.observability.metrics import Metrics
@@ -55,6 +56,10 @@ class Daemon:
         self.settings = settings
         self.resources = resources
         self.components = list(components)
+        # The capabilities each asked for (components.py).
+        self._ready = [c for c in components if isinstance(c, Readiness)]
+        self._alive = [c for c in components if isinstance(c, Liveness)]
+        self._watching = [c for c in components if isinstance(c, Watching)]
         self.metrics = metrics
         self.reader = reader
         self._discover = discover
@@ -70,7 +75,7 @@ class Daemon:
 
     def readiness(self) -> tuple[bool, str]:
         """Ready when every component is; the first that is not says why."""
-        answers = [c.readiness() for c in self.components]
+        answers = [c.readiness() for c in self._ready]
         waiting = next((why for ready, why in answers if not ready), None)
         if waiting is not None:
             return False, waiting
@@ -78,7 +83,7 @@ class Daemon:
 
     def liveness(self) -> tuple[bool, str]:
         """Alive while events are handled in time and nothing of any component is stuck."""
-        stuck = [*self._stalls.values(), *(why for alive, why in (c.liveness() for c in self.components) if not alive)]
+        stuck = [*self._stalls.values(), *(why for alive, why in (c.liveness() for c in self._alive) if not alive)]
         return (False, "; ".join(stuck)) if stuck else (True, "ok")
 
     def put(self, event: FsEvent | Reload | Stop | TaskDied) -> None:
@@ -102,7 +107,6 @@ class Daemon:
         try:
             for component in self.components:
                 await component.start(self.resources, self.guard)
-            # The last start yields to no task (runtime.components): its tasks see the first discovery.
             self._refresh()
             names = [r.name for r in self.resources]
             log.info("started", extra={"resources": names, "device_root": self.settings.device_root})
@@ -153,8 +157,8 @@ class Daemon:
         for path in removed_dirs(fs_events):
             self._watcher.forget(path)
         if fs_events:
-            for component in self.components:
-                component.on_fs_events(fs_events)
+            for watching in self._watching:
+                watching.on_fs_events(fs_events)
         asked = any(isinstance(e, Reload) for e in batch)
         if self.reader and (asked or touches(fs_events, str(self.reader.path.parent))):
             await self._reload()
@@ -187,6 +191,6 @@ class Daemon:
         watches = Watches(dirs=frozenset(d for r in self.resources for d in watch_dirs(r, root)))
         if self.reader is not None:
             watches |= Watches(dirs=frozenset({str(self.reader.path.parent)}))
-        for component in self.components:
-            watches |= component.watches()
+        for watching in self._watching:
+            watches |= watching.watches()
         return watches

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ate_devplugin import config
 from ate_devplugin.config import ConfigError, ResourceConfig
+from ate_devplugin.observability.logs import SaidOnce
 from ate_devplugin.observability.metrics import Metrics
 from ate_devplugin.tasks import Worker, WorkerBusyError
 
@@ -43,7 +44,7 @@ class ConfigReader:
         self.settle_s = settle_s
         self._worker = Worker("config reload")
         self._data: bytes | None = None  # the file's bytes last read
-        self._failure: str | None = None  # why the file could not be read last time
+        self._failures = SaidOnce()  # why the file could not be read, while it lasts
 
     async def read(self, running: tuple[ResourceConfig, ...]) -> tuple[ResourceConfig, ...] | None:
         """The file's resources if they differ from ``running``; None to keep them."""
@@ -60,11 +61,10 @@ class ConfigReader:
                     return None
         except (ConfigError, TimeoutError, WorkerBusyError) as exc:
             self._data = None  # read it again next time, even if unchanged
-            if str(exc) != self._failure:  # the same unreadable file is reported once
-                self._failure = str(exc)
+            if self._failures.new(str(exc)):  # the same unreadable file is reported once
                 self._rejected(exc)
             return None
-        self._failure = None
+        self._failures.over()
         if resources is None:
             return None  # unchanged, or the same rejected file seen again
         self._data = data

@@ -1,9 +1,9 @@
 """The composition root: every real implementation is built here from Settings, and run.
 
 cli.py parses the command line into Settings and calls :func:`run`. Each subsystem gets
-only its own part of the settings. The DRA driver and its Kubernetes client are imported
-only in mode dra or both: device-plugin mode loads neither; the PodResources watch only
-with --pod-resources on.
+only its own part of the settings, computed once. The DRA driver and its Kubernetes client
+are imported only in mode dra or both: device-plugin mode loads neither; the PodResources
+watch only with --pod-resources on.
 
 Exit codes: 0 done, 1 runtime failure, 2 bad configuration (a line per problem, no traceback).
 """
@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+import time
 from typing import TYPE_CHECKING
 
 import grpc
@@ -38,7 +38,15 @@ from ate_devplugin.observability.logs import setup_logging
 from ate_devplugin.observability.metrics import Metrics
 from ate_devplugin.observability.tracing import Tracing, setup_tracing
 from ate_devplugin.reload import ConfigReader
-from ate_devplugin.settings import Settings
+from ate_devplugin.settings import (
+    DRA_DRIVER,
+    DaemonSettings,
+    DevicePluginSettings,
+    DraSettings,
+    PodResourcesSettings,
+    RuntimeSettings,
+    Settings,
+)
 from ate_devplugin.tasks import TaskDiedError
 
 if TYPE_CHECKING:
@@ -68,16 +76,17 @@ STOP_SIGNALS = (
 
 def run(settings: Settings) -> int:
     """Loads the resources (and, with DRA, the API server's credentials), then serves until stopped."""
+    part = settings.part(RuntimeSettings)
     try:
-        resources = config.load(settings.config, settings.plugin_dir, settings.socket_suffix)
+        resources = config.load(part.config, part.plugin_dir, part.socket_suffix)
         kube = None
-        if settings.dra:
+        if part.dra:
             from ate_devplugin.dra.kube import connect  # device-plugin mode loads no Kubernetes client
 
             kube = connect()
     except ConfigError as exc:
         return config_error(exc)
-    setup_logging(settings.log_format, settings.log_level)
+    setup_logging(part.log_format, part.log_level)
     for idle in settings.warnings(resources):
         log.warning("%s", idle, extra={"setting": idle.field})
     # The *_created series double the exposition and tell an operator nothing here.
@@ -106,9 +115,11 @@ async def serve(settings: Settings, resources: Resources, kube: ApiServer | None
     metrics = Metrics(revision=os.environ.get("ATE_DEVPLUGIN_REVISION", "unknown"))
     tracing = setup_tracing()
     daemon = build(settings, resources, metrics, tracing, kube=kube)
+    part = settings.part(RuntimeSettings)
+    host, port = part.metrics_address
     http = HttpServer(
-        settings.metrics_host,
-        settings.metrics_port,
+        host,
+        port,
         metrics.registry,
         loop,
         daemon.readiness,
@@ -116,7 +127,7 @@ async def serve(settings: Settings, resources: Resources, kube: ApiServer | None
         on_death=daemon.guard.for_thread("http", "http endpoint"),
     )
     http.start()
-    log.info("listening for metrics and probes", extra={"address": f"{settings.metrics_host}:{http.port}"})
+    log.info("listening for metrics and probes", extra={"address": f"{host}:{http.port}"})
     # A parent may have left these blocked (the mask is inherited); we must hear them.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {*STOP_SIGNALS, *RELOAD_SIGNALS})
     for sig in STOP_SIGNALS:
@@ -126,8 +137,7 @@ async def serve(settings: Settings, resources: Resources, kube: ApiServer | None
     try:
         await daemon.run()
     finally:
-        http.close()
-        _flush(tracing.shutdown, settings.timing.trace_flush_s)
+        _close(http, tracing, part.close_s)
         log.info("stopped")
 
 
@@ -142,20 +152,15 @@ def build(
     discover: devices.Discover = devices.discover,
 ) -> Daemon:
     """The daemon and its components; tests pass fake ``ports`` and ``discover``."""
+    part = settings.part(RuntimeSettings)
     reader = None
-    if settings.config is not None:
-        t = settings.timing
+    if part.config is not None:
         reader = ConfigReader(
-            settings.config, settings.plugin_dir, metrics, t.reload_timeout_s, t.reload_settle_s, settings.socket_suffix
+            part.config, part.plugin_dir, metrics, part.reload_timeout_s, part.reload_settle_s, part.socket_suffix
         )
-    specs = cdi_specs(settings, metrics, kube)
-    parts = components(settings, metrics, tracing, kube, ports or host_ports(settings, metrics, tracing, specs), specs)
-    return Daemon(settings.for_daemon(), resources, parts, metrics, reader, discover)
-
-
-def cdi_specs(settings: Settings, metrics: Metrics, kube: ApiServer | None) -> cdi.CdiSpecs:
-    # A DRA driver answers with CDI names only: then every resource needs its spec.
-    return cdi.CdiSpecs(settings.cdi_dir, metrics, every_resource=kube is not None)
+    specs = cdi.CdiSpecs(part.cdi_dir, metrics, every_resource=kube is not None)
+    parts = components(settings, metrics, tracing, kube, ports, specs)
+    return Daemon(settings.part(DaemonSettings), resources, parts, metrics, reader, discover)
 
 
 def components(
@@ -163,46 +168,59 @@ def components(
     metrics: Metrics,
     tracing: Tracing,
     kube: ApiServer | None,
-    ports: Ports,
+    ports: Ports | None = None,
     specs: cdi.CdiSpecs | None = None,
 ) -> list[Component]:
-    """What the daemon does in this mode. Start order: the last one's start yields to no
-    task, so the PodResources watch, last, lists first after the first discovery. The CDI
-    specs are the ones the device plugin's answers (``ports``) and the DRA driver's ask about."""
+    """What the daemon does in this mode, each handed its own part of the settings. The CDI
+    specs are the ones the device plugin's answers (``ports``, the real host's unless given)
+    and the DRA driver's ask about. The PodResources watch hears of the device plugin's
+    device changes (their trace context) and the DRA driver's claims."""
+    part = settings.part(RuntimeSettings)
+    # A DRA driver answers with CDI names only: then every resource needs its spec.
+    specs = specs or cdi.CdiSpecs(part.cdi_dir, metrics, every_resource=kube is not None)
     built: list[Component] = []
-    plugin = None
-    if settings.device_plugin:
-        plugin = DevicePlugin(settings.for_device_plugin(), ports, metrics, tracing.tracer)
+    plugin = dra = None
+    if part.device_plugin:
+        plugin_part = settings.part(DevicePluginSettings)
+        ports = ports or host_ports(plugin_part, metrics, tracing, specs)
+        plugin = DevicePlugin(plugin_part, ports, metrics, tracing.tracer)
         built.append(plugin)
-    specs = specs or cdi_specs(settings, metrics, kube)
     built.append(specs)
     if kube is not None:
         from ate_devplugin.dra.plugin import DraPlugin
         from ate_devplugin.observability.metrics import DraMetrics
 
-        built.append(
-            DraPlugin(
-                settings.for_dra(), kube, cdi.device_id, DraMetrics(metrics.registry), tracing.tracer, specs.cdi_problem
-            )
+        dra = DraPlugin(
+            settings.part(DraSettings),
+            kube,
+            cdi.device_id,
+            DraMetrics(metrics.registry),
+            tracing.tracer,
+            specs.cdi_problem,
         )
-    if settings.pod_resources:
-        from ate_devplugin.deviceplugin.podresources import PodResourcesWatch
+        built.append(dra)
+    if part.pod_resources:
         from ate_devplugin.observability.metrics import PodResourcesMetrics
+        from ate_devplugin.podresources.watch import DraDevices, PodResourcesWatch
 
-        health = plugin.health if plugin is not None else dict  # no device plugin: no resource served
         pods = PodResourcesWatch(
-            settings.for_pod_resources(), PodResourcesMetrics(metrics.registry), tracing.tracer, health
+            settings.part(PodResourcesSettings),
+            PodResourcesMetrics(metrics.registry),
+            tracing.tracer,
+            cause_of=plugin.change_context if plugin is not None else lambda resource: None,
+            dra=DraDevices(DRA_DRIVER, dra.device_resources) if dra is not None else None,
         )
-        if plugin is not None:
-            plugin.health_listeners.append(pods.health_changed)
+        if dra is not None:
+            dra.claim_listeners.append(pods.claims_changed)
         built.append(pods)
     return built
 
 
-def host_ports(settings: Settings, metrics: Metrics, tracing: Tracing, specs: cdi.CdiSpecs | None = None) -> Ports:
+def host_ports(
+    part: DevicePluginSettings, metrics: Metrics, tracing: Tracing, specs: cdi.CdiSpecs | None = None
+) -> Ports:
     """The device plugin's ports to the real host and kubelet; Allocate names a CDI device
     only while ``specs`` has its spec on disk."""
-    part = settings.for_device_plugin()
 
     def make_server(state: ResourceState) -> UnixServer:
         servicer = DevicePluginServicer(state, metrics, tracing.tracer, specs.cdi_problem if specs else lambda _: "")
@@ -216,8 +234,11 @@ def host_ports(settings: Settings, metrics: Metrics, tracing: Tracing, specs: cd
     )
 
 
-def _flush(shutdown: Callable[[], None], deadline: float) -> None:
-    """Flushes spans, giving up after a deadline so an unreachable collector cannot hold exit."""
-    thread = threading.Thread(target=shutdown, name="trace flush", daemon=True)
-    thread.start()
-    thread.join(deadline)
+def _close(http: HttpServer, tracing: Tracing, deadline_s: float) -> None:
+    """Closes the HTTP endpoint and flushes spans side by side, within ``deadline_s`` for
+    both: neither a wedged endpoint nor an unreachable collector holds the exit."""
+    flush = threading.Thread(target=tracing.shutdown, name="trace flush", daemon=True)
+    flush.start()
+    end = time.monotonic() + deadline_s
+    http.close(deadline_s)
+    flush.join(max(0.0, end - time.monotonic()))

@@ -6,6 +6,9 @@
 {{- $seen := dict -}}
 {{- $unitLimits := list 195700 187191 179392 172216 165592 159459 153764 148462 143513 138884 134544 130467 126629 123011 119594 116362 113300 110395 107635 105010 102509 100125 97800 95577 93453 91422 89476 87612 85824 84108 82459 80873 79347 77878 76462 75096 73779 72507 71278 70090 68941 67829 66752 65709 64698 63718 62767 61844 60948 60077 59231 58408 57608 56829 56072 55334 54615 53915 53233 52567 51918 51285 50667 50064 -}}
 {{- $dir := trimSuffix "/" (clean .Values.hostPaths.devicePlugins) -}}
+{{- /* Where the chart passes --socket-suffix=$(K8S_POD_UID): the pod's UID, a UUID (the API server makes it). */ -}}
+{{- $suffixed := eq (include "ate-devplugin.overlap" .) "true" -}}
+{{- $podUid := "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" -}}
 {{- range $i, $r := .Values.deviceConfig.resources -}}
 {{- if hasKey $r "units" -}}
 {{- $limit := index $unitLimits (len (regexReplaceAll "^[^/]*/" $r.name "")) -}}
@@ -18,16 +21,17 @@
 {{- if and (hasKey $r "allocate") (ne $r.allocate "devices") (not $cdiName) -}}
 {{- fail (printf "%s: for CDI, the domain and the name after the slash must start with a letter" $where) -}}
 {{- end -}}
-{{- $socket := printf "ate-%s.sock" (regexReplaceAll "[/.]" $r.name "-") -}}
+{{- $base := regexReplaceAll "[/.]" $r.name "-" -}}
+{{- $socket := printf "ate-%s.sock" $base -}}
 {{- range $key := list $r.name $socket -}}
 {{- if hasKey $seen $key -}}
 {{- fail (printf "%s: %s collides with resources[%d]" $where (squote $r.name) (index $seen $key)) -}}
 {{- end -}}
 {{- $_ := set $seen $key $i -}}
 {{- end -}}
-{{- $path := printf "%s/%s" $dir $socket -}}
+{{- $path := printf "%s/%s" $dir (ternary (printf "ate-%s-%s.sock" $base $podUid) $socket $suffixed) -}}
 {{- if gt (len $path) 107 -}}
-{{- fail (printf "%s: socket path %s is longer than the 107-byte unix socket limit" $where (squote $path)) -}}
+{{- fail (printf "%s: socket path %s is longer than the 107-byte unix socket limit%s" $where (squote $path) (ternary " (on Kubernetes 1.37+ in device-plugin mode with a RollingUpdate the socket's name carries the pod's 36-character UID: shorten the resource name or hostPaths.devicePlugins)" "" $suffixed)) -}}
 {{- end -}}
 {{- end -}}
 {{- $total := 0.0 -}}

@@ -166,6 +166,24 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
 {{/*
+Labels of the uninstall hook's objects (uninstall-hook.yaml): the standard ones with a name
+of their own, so that no selector of the plugin's pods (the DaemonSet's, the Service's, the
+NetworkPolicy's, the monitors') takes the hook's pod for one of them.
+*/}}
+{{- define "ate-devplugin.hookLabels" -}}
+helm.sh/chart: {{ include "ate-devplugin.chart" . }}
+app.kubernetes.io/name: {{ printf "%s-uninstall" (include "ate-devplugin.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ include "ate-devplugin.imageTag" . | trunc 63 | trimSuffix "-" | quote }}
+app.kubernetes.io/component: uninstall
+app.kubernetes.io/part-of: ate-devplugin
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
 Name of the ServiceAccount.
 */}}
 {{- define "ate-devplugin.serviceAccountName" -}}
@@ -184,17 +202,52 @@ Image tag: the value, or the chart's appVersion.
 {{- end -}}
 
 {{/*
-Full image reference: [registry/]repository[:tag][@digest]. A repository that names its
-own registry (its first component holds a "." or ":" or is localhost, as image references
-are read) is used as it is: image.repository=registry.example.com/ate-devplugin keeps
-meaning that image although image.registry defaults to the published one's.
+The project's home (values.home, no trailing slash): its source repository.
+*/}}
+{{- define "ate-devplugin.home" -}}
+{{- trimSuffix "/" .Values.home -}}
+{{- end -}}
+
+{{/*
+A link to a file of the project's repository, as GitHub serves it:
+  include "ate-devplugin.docsUrl" (list . "docs/dra.md")
+*/}}
+{{- define "ate-devplugin.docsUrl" -}}
+{{- printf "%s/blob/main/%s" (include "ate-devplugin.home" (index . 0)) (index . 1) -}}
+{{- end -}}
+
+{{/*
+Image repository: image.repository, or else <owner>/ate-devplugin for the owner of a
+github.com home, in lower case: where tools/release.sh publishes the image by default
+(ghcr.io/<owner>/ate-devplugin).
+*/}}
+{{- define "ate-devplugin.imageRepository" -}}
+{{- if .Values.image.repository -}}
+{{- .Values.image.repository -}}
+{{- else -}}
+{{- $home := include "ate-devplugin.home" . -}}
+{{- if not (regexMatch "^https://github\\.com/[^/]+/[^/]+$" $home) -}}
+{{- fail (printf "image.repository is empty and home %q is no github.com repository (https://github.com/OWNER/NAME) to take it from: set image.repository (and image.registry)" .Values.home) -}}
+{{- end -}}
+{{- printf "%s/ate-devplugin" (index (splitList "/" $home) 3) | lower -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Full image reference: [registry/]repository[:tag][@digest]. The registry is
+global.imageRegistry when set (it wins over image.registry, as in prometheus-node-exporter's
+chart), else image.registry. A repository that names its own registry (its first component
+holds a "." or ":" or is localhost, as image references are read) is used as it is:
+image.repository=registry.example.com/ate-devplugin keeps meaning that image although
+image.registry defaults to the published one's.
 */}}
 {{- define "ate-devplugin.image" -}}
-{{- $repo := .Values.image.repository -}}
+{{- $repo := include "ate-devplugin.imageRepository" . -}}
+{{- $registry := default .Values.image.registry .Values.global.imageRegistry -}}
 {{- $first := splitList "/" $repo | first -}}
 {{- $ownRegistry := and (contains "/" $repo) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
-{{- if and .Values.image.registry (not $ownRegistry) -}}
-{{- $repo = printf "%s/%s" .Values.image.registry $repo -}}
+{{- if and $registry (not $ownRegistry) -}}
+{{- $repo = printf "%s/%s" $registry $repo -}}
 {{- end -}}
 {{- if .Values.image.digest -}}
 {{- printf "%s@%s" $repo .Values.image.digest -}}
@@ -357,7 +410,8 @@ as checkov.io/skipN annotations (see chart/README.md "Security").
 {{/*
 "true" when a rolling update overlaps the old and the new plugin pod on a node: device-plugin
 mode on Kubernetes 1.37+, whose kubelet keeps one device plugin endpoint per socket path;
-each pod then names its sockets with its UID.
+each pod then names its sockets with its UID (--socket-suffix), which the socket path length
+rule of _deviceconfig.tpl counts too.
 */}}
 {{- define "ate-devplugin.overlap" -}}
 {{- if and (eq .Values.dra.mode "device-plugin") (eq .Values.updateStrategy.type "RollingUpdate") (semverCompare ">=1.37.0-0" .Capabilities.KubeVersion.Version) -}}true{{- end -}}

@@ -19,7 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "chart" / "files" / "alerts.yaml"
 TESTS = Path(__file__).resolve().parent / "alerts_test.yaml"
 RUNBOOK = REPO / "docs" / "runbook.md"
-RUNBOOK_URL = "https://github.com/ate-dev/ate-devplugin/blob/main/docs/runbook.md#"
+# The chart renders runbook_url from its home value; the plain rules file writes the same out.
+RUNBOOK_URL = yaml.safe_load((REPO / "chart" / "values.yaml").read_text())["home"] + "/blob/main/docs/runbook.md#"
 SEVERITIES = {"critical", "warning", "info"}
 
 

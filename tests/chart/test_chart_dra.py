@@ -1,6 +1,7 @@
 """The chart's DRA mode: RBAC with the driver's verbs only, a DeviceClass per resource, the
 token and the plugin directories only when DRA is on, flags the daemon accepts, the
-admission policy that keeps the driver to its node's slices, and egress to the API server."""
+admission policy that keeps the driver to its node's slices, egress to the API server, and
+the uninstall hook that stops the drivers before their identity goes."""
 
 from __future__ import annotations
 
@@ -22,9 +23,16 @@ def _container(docs: list[Manifest]) -> Any:
     return container
 
 
+def driver_service_account(docs: list[Manifest]) -> Manifest:
+    """The release's ServiceAccount, the uninstall hook's aside."""
+    (sa,) = [d for d in by_kind(docs, "ServiceAccount") if "helm.sh/hook" not in d["metadata"].get("annotations", {})]
+    return sa
+
+
 def test_device_plugin_mode_renders_nothing_of_dra(any_helm: Helm) -> None:
     docs = any_helm.template()
     assert not {d["kind"] for d in docs} & DRA_KINDS
+    assert not [d for d in docs if "helm.sh/hook" in d["metadata"].get("annotations", {})], "no uninstall hook"
     pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False
     container = _container(docs)
@@ -43,7 +51,7 @@ def test_dra_mode_grants_the_driver_its_verbs_only(any_helm: Helm, mode: str) ->
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
     ]  # fmt: skip
     binding = one(docs, "ClusterRoleBinding")
-    sa = one(docs, "ServiceAccount")
+    sa = driver_service_account(docs)
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": sa["metadata"]["namespace"]}
@@ -110,11 +118,12 @@ def test_the_daemon_accepts_the_dra_flags(any_helm: Helm) -> None:
     args = [a for a in _container(any_helm.template(sets=["dra.mode=both"]))["args"] if a.startswith("--")]
     dra_args = [a for a in args if a.startswith(("--mode", "--dra", "--registry"))]
     code = (
-        "import sys; from ate_devplugin.cli import build_parser; from ate_devplugin.settings import resolve;"
+        "import sys; from ate_devplugin.cli import build_parser;"
+        "from ate_devplugin.settings import DraSettings, resolve;"
         "a = build_parser().parse_args(['run', *sys.argv[1:]]);"
         "keys = ('mode', 'registry_dir', 'dra_dir', 'dra_slots', 'dra_sharing');"
-        "s = resolve({k: getattr(a, k) for k in keys}, {'NODE_NAME': 'n'});"
-        "print(s.mode, s.registration_socket, s.dra_socket, s.dra_slots, s.dra_sharing)"
+        "s = resolve({k: getattr(a, k) for k in keys}, {'NODE_NAME': 'n'}); d = s.part(DraSettings);"
+        "print(s.values['mode'], d.registration_socket, d.socket, d.dra_slots, d.dra_sharing)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code, *dra_args], capture_output=True, text=True, timeout=60, check=True
@@ -153,7 +162,7 @@ def test_slice_policy_names_the_drivers_service_account_and_its_node(any_helm: H
     docs = any_helm.template(sets=["dra.mode=dra"], api_versions=[VAP_API], namespace="devices")
     policy = one(docs, "ValidatingAdmissionPolicy")
     binding = one(docs, "ValidatingAdmissionPolicyBinding")
-    sa = one(docs, "ServiceAccount")["metadata"]
+    sa = driver_service_account(docs)["metadata"]
     spec = policy["spec"]
     assert spec["failurePolicy"] == "Fail"
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
@@ -191,3 +200,61 @@ def test_restricted_egress_without_the_address_fails_saying_why(any_helm: Helm) 
     assert out.returncode != 0
     assert "the DRA driver must reach the API server" in out.stderr
     assert "networkPolicy.apiServerEgress" in out.stderr
+
+
+@pytest.mark.parametrize("pools", [False, True])
+def test_uninstall_stops_the_drivers_before_helm_deletes_their_identity(any_helm: Helm, pools: bool) -> None:
+    """A pre-delete hook: a Job, under an identity of its own that may only get and delete
+    the release's DaemonSets, runs the image's uninstall program on every DaemonSet of the
+    release (one per pool); its objects go once it succeeded. Its pod is none of the
+    plugin's: no selector of the release picks it."""
+    sets = ["dra.mode=dra"]
+    if pools:
+        sets += ["pools.a.nodeSelector.pool=a", "pools.b.nodeSelector.pool=b"]
+    docs = any_helm.template(sets=sets, namespace="devices")
+    hooks = [d for d in docs if "helm.sh/hook" in d["metadata"].get("annotations", {})]
+    assert sorted(d["kind"] for d in hooks) == ["Job", "Role", "RoleBinding", "ServiceAccount"]
+    for hook in hooks:
+        notes = hook["metadata"]["annotations"]
+        assert notes["helm.sh/hook"] == "pre-delete"
+        assert notes["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+        # The identity exists before the Job runs.
+        assert int(notes["helm.sh/hook-weight"]) == (0 if hook["kind"] == "Job" else -10)
+    daemon_sets = sorted(d["metadata"]["name"] for d in by_kind(docs, "DaemonSet"))
+    assert len(daemon_sets) == (2 if pools else 1)
+    (role,) = by_kind(hooks, "Role")
+    assert role["rules"] == [
+        {"apiGroups": ["apps"], "resources": ["daemonsets"], "resourceNames": daemon_sets, "verbs": ["get", "delete"]}
+    ]
+    (binding,) = by_kind(hooks, "RoleBinding")
+    (sa,) = by_kind(hooks, "ServiceAccount")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "devices"}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    (job,) = by_kind(hooks, "Job")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == sa["metadata"]["name"]
+    [container] = pod["containers"]
+    assert {container["image"]} == {
+        d["spec"]["template"]["spec"]["containers"][0]["image"] for d in by_kind(docs, "DaemonSet")
+    }
+    assert container["command"] == ["python3", "-m", "ate_devplugin.dra.uninstall"]
+    assert container["args"] == ["--namespace=devices", "--timeout=60", *daemon_sets]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    for selecting in [*by_kind(docs, "DaemonSet"), *by_kind(docs, "NetworkPolicy"), *by_kind(docs, "Service")]:
+        spec = selecting["spec"]
+        selector = spec.get("selector", {}).get("matchLabels") or spec.get("podSelector", {}).get("matchLabels")
+        if selecting["kind"] == "Service":
+            selector = spec["selector"]
+        assert not selector.items() <= labels.items(), selecting["kind"]
+
+
+def test_the_uninstall_program_runs_as_the_hook_runs_it() -> None:
+    """The hook's command line is one the program takes (its --help), from the package the
+    image installs."""
+    out = subprocess.run([sys.executable, "-m", "ate_devplugin.dra.uninstall", "--help"],
+                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "--namespace" in out.stdout
+    assert "--timeout" in out.stdout

@@ -220,6 +220,15 @@ def test_daemonset_defaults(any_helm: Helm) -> None:
         (["image.repository=localhost/ate-devplugin", "image.tag=e2e"], "localhost/ate-devplugin:e2e"),
         (["image.registry=", "image.repository=ate-devplugin"], "ate-devplugin:{v}"),
         (["image.repository=team/ate-devplugin"], "ghcr.io/team/ate-devplugin:{v}"),
+        # global.imageRegistry wins over image.registry (prometheus-node-exporter's precedence) ...
+        (["global.imageRegistry=mirror.example.com"], "mirror.example.com/ate-dev/ate-devplugin:{v}"),
+        (["global.imageRegistry=mirror.example.com:5000", "image.registry=registry.example.com"],
+         "mirror.example.com:5000/ate-dev/ate-devplugin:{v}"),
+        # ... but not over a repository that names its own registry.
+        (["global.imageRegistry=mirror.example.com", "image.repository=localhost/ate-devplugin", "image.tag=e2e"],
+         "localhost/ate-devplugin:e2e"),
+        # The default repository is the home's owner's.
+        (["home=https://github.com/Platform-Team/ate-devplugin"], "ghcr.io/platform-team/ate-devplugin:{v}"),
     ],
 )  # fmt: skip
 def test_image_reference(any_helm: Helm, sets: list[str], image: str) -> None:
@@ -358,7 +367,8 @@ def _expected_skips(values: dict[str, Any]) -> set[str]:
     if values.get("networkPolicy", {}).get("enabled") is False:
         skips |= SKIPPED_WITHOUT_NETWORK_POLICY
     if values.get("dra", {}).get("mode", "device-plugin") != "device-plugin":
-        skips.add("CKV_K8S_38")  # the DRA driver's token
+        skips.add("CKV_K8S_38")  # the DRA driver's token, and the uninstall hook's
+        skips.add("CKV2_K8S_6")  # the uninstall hook's pod, which listens on nothing
     return skips
 
 

@@ -6,14 +6,21 @@ from it by tools/gen-config-schema.py. Here real helm (v3 and v4) judges a gener
 corpus of valid, invalid and boundary configs, the daemon's own validation judges the same
 data, and the verdicts must agree; what helm renders must read back, through the daemon's
 file decoder, as the very resources the daemon accepted.
+
+The socket path rule depends on what the chart passes the daemon, which differs by release
+(from 1.37 the sockets' names carry the pod's UID): for every release the templates treat
+differently and every mode, the daemon starts on the longest name the chart renders and
+refuses the next one, as the chart does.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import sys
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -21,10 +28,15 @@ from typing import Any
 import yaml
 
 from ate_devplugin import config
+from ate_devplugin.cli import build_parser
 from ate_devplugin.config import ConfigError, check_across, decode_resources, resources_from_document
-from tests.harness.chart import CHART, NAMESPACE, RELEASE, REPO, Helm
+from ate_devplugin.settings import OPTIONS, RuntimeSettings, resolve
+from tests.harness.chart import CHART, NAMESPACE, RELEASE, REPO, Helm, by_kind, daemonsets
 
 PLUGIN_DIR = "/var/lib/kubelet/device-plugins"  # the chart's default hostPaths.devicePlugins
+# The corpus is rendered for the oldest release, where the chart passes no socket suffix;
+# the release-dependent rule is judged on every release below (kube_versions()).
+CORPUS_RELEASE = "1.29.0"
 SCHEMA_ERROR = "values don't meet the specifications of the schema"
 GOOD = {"name": "ate.dev/kvm", "devices": ["/dev/kvm"]}
 
@@ -221,7 +233,7 @@ def helm_verdicts(helm: Helm, cases: list[tuple[str, Any]], workdir: Path) -> li
         values = workdir / f"{helm.major}-{n}.json"
         values.write_text(json.dumps({"deviceConfig": {"resources": resources}}, ensure_ascii=False))
         return helm.run(
-            "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+            "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", CORPUS_RELEASE,
             "--values", str(values), "--show-only", "templates/configmap.yaml",
         )  # fmt: skip
 
@@ -279,3 +291,147 @@ def test_helm_renders_a_config_if_and_only_if_the_daemon_accepts_it(helm: Helm, 
         # The same resources; env values rendered by helm are its text for a number.
         assert [_seen(r) for r in from_chart] == [_seen(r) for r in daemon], case_id
     assert not mismatches, "\n".join(mismatches)
+
+
+# --- every release the chart treats differently -------------------------------------------
+
+# Directories of the kubelet's device plugins: the default, and a longer one for the
+# device-plugin variant (the one whose limit depends on the release).
+PLUGIN_DIRS = (PLUGIN_DIR, "/var/lib/kubelet-alt/device-plugins")
+# What the chart renders differently besides the release: the mode, and no rolling update.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "device-plugin": {},
+    "on-delete": {"updateStrategy": {"type": "OnDelete"}},
+    "dra": {"dra": {"mode": "dra"}},
+    "both": {"dra": {"mode": "both"}},
+}
+DRA_SINCE = (1, 34)  # resource.k8s.io/v1: the chart refuses DRA before (not a config rule)
+NODE = "node-1"
+
+
+def kube_versions() -> list[str]:
+    """The oldest release Chart.yaml allows and, for each release bound the templates compare
+    with (semverCompare), the releases on both sides of it."""
+    oldest = re.search(r'^kubeVersion: ">=1\.(\d+)', (CHART / "Chart.yaml").read_text(), re.MULTILINE)
+    assert oldest, "Chart.yaml has no kubeVersion"
+    templates = " ".join(p.read_text() for p in sorted((CHART / "templates").iterdir()))
+    bounds = {int(m) for m in re.findall(r'semverCompare "[<>=~^!]*\s*1\.(\d+)', templates)}
+    assert bounds, "no semverCompare in the templates"
+    minors = {int(oldest[1])} | {m for b in bounds for m in (b - 1, b)}
+    return [f"1.{m}.0" for m in sorted(minors) if m >= int(oldest[1])]
+
+
+def render(helm: Helm, kube: str, values: dict[str, Any], workdir: Path, key: str) -> subprocess.CompletedProcess[str]:
+    path = workdir / f"{helm.major}-{key}.json"
+    path.write_text(json.dumps(values))
+    return helm.run("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", kube,
+                    "--values", str(path))  # fmt: skip
+
+
+def expanded(container: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """The container's args and environment as its process gets them: the downward API's
+    values filled in as the kubelet fills them (metadata.uid: a UUID, as the API server
+    makes every UID), then $(VAR) in the args replaced by the variable's value."""
+    fields = {"metadata.uid": str(uuid.uuid4()), "spec.nodeName": NODE, "metadata.name": "ate-devplugin-x2x4z",
+              "metadata.namespace": NAMESPACE}  # fmt: skip
+    env: dict[str, str] = {}
+    for var in container.get("env", []):
+        if "value" in var:
+            env[var["name"]] = str(var["value"])
+        else:
+            env[var["name"]] = fields[var["valueFrom"]["fieldRef"]["fieldPath"]]
+    args = [re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), arg) for arg in container["args"]]
+    return args, env
+
+
+def daemon_start(container: dict[str, Any], config_text: str, workdir: Path) -> ConfigError | None:
+    """What `ate-devplugin run` does with the rendered args, environment and config file
+    before anything starts (cli.main, then runtime.run's config.load): None when it goes on
+    to serve, the ConfigError it exits 2 with otherwise."""
+    args, env = expanded(container)
+    parsed = build_parser().parse_args(args)
+    assert parsed.command == "run"
+    config_file = workdir / "config.yaml"  # where the ConfigMap is mounted (--config)
+    config_file.write_text(config_text)
+    try:
+        part = resolve({k: getattr(parsed, k) for k in OPTIONS}, env).part(RuntimeSettings)
+        assert part.config == Path("/etc/ate-devplugin/config.yaml")
+        config.load(config_file, part.plugin_dir, part.socket_suffix)
+    except ConfigError as exc:
+        return exc
+    return None
+
+
+def with_name(values: dict[str, Any], name: str) -> dict[str, Any]:
+    return {**values, "deviceConfig": {"resources": [{**GOOD, "name": name}]}}
+
+
+def longest_started(container: dict[str, Any], workdir: Path) -> tuple[str, str | None]:
+    """The longest name ate.dev/nnn... the daemon starts on with these args, and the next
+    one (None when every name up to the longest valid one starts)."""
+    names = ["ate.dev/" + "n" * k for k in range(1, config.MAX_NAME_PART_CHARS + 1)]
+    started = [
+        n
+        for n in names
+        if daemon_start(container, yaml.safe_dump({"resources": [{**GOOD, "name": n}]}), workdir) is None
+    ]
+    assert started, "the daemon starts on no name"
+    longest = started[-1]
+    refused = names[len(longest) - len("ate.dev/")] if len(started) < len(names) else None
+    assert started == names[: len(started)], "a longer name started after a shorter one was refused"
+    return longest, refused
+
+
+def test_every_release_the_chart_treats_differently_is_covered() -> None:
+    """The releases below come from the templates: today 1.29, 1.33 and 1.34 (DRA), 1.35 and
+    1.36 (extendedResourceName), 1.36 and 1.37 (sockets named with the pod's UID)."""
+    versions = kube_versions()
+    print(versions)
+    assert {"1.29.0", "1.35.0", "1.36.0", "1.37.0"} <= set(versions)
+
+
+def test_a_name_the_chart_renders_starts_the_daemon_on_every_release(helm: Helm, tmp_path: Path) -> None:
+    cases = [
+        (kube, variant, plugin_dir)
+        for kube in kube_versions()
+        for variant in VARIANTS
+        if variant in ("device-plugin", "on-delete") or tuple(map(int, kube.split(".")[:2])) >= DRA_SINCE
+        for plugin_dir in (PLUGIN_DIRS if variant == "device-plugin" else PLUGIN_DIRS[:1])
+    ]
+
+    def judge(n: int) -> list[str]:
+        kube, variant, plugin_dir = cases[n]
+        workdir = tmp_path / str(n)
+        workdir.mkdir()
+        values: dict[str, Any] = {**VARIANTS[variant], "hostPaths": {"devicePlugins": plugin_dir}}
+        where = f"{kube} {variant} {plugin_dir}"
+        first = render(helm, kube, with_name(values, "a/b"), workdir, "good")  # the args, whatever the name
+        assert first.returncode == 0, f"{where}: {first.stderr}"
+        (ds,) = daemonsets([d for d in yaml.safe_load_all(first.stdout) if d])
+        longest, refused = longest_started(ds["spec"]["template"]["spec"]["containers"][0], workdir)
+        problems = []
+        shown = render(helm, kube, with_name(values, longest), workdir, "longest")
+        if shown.returncode != 0:
+            problems.append(
+                f"{where}: the daemon starts on {longest!r} ({len(longest)}), helm refuses it: {shown.stderr.strip()}"
+            )
+        else:
+            # What the chart rendered for this name starts the daemon: its args, its config.
+            docs = [d for d in yaml.safe_load_all(shown.stdout) if d]
+            (ds,) = daemonsets(docs)
+            (configmap,) = [c for c in by_kind(docs, "ConfigMap") if "config.yaml" in c.get("data", {})]
+            container = ds["spec"]["template"]["spec"]["containers"][0]
+            if (error := daemon_start(container, configmap["data"]["config.yaml"], workdir)) is not None:
+                problems.append(f"{where}: helm renders {longest!r}, the daemon exits 2: {error}")
+        if refused is not None:
+            out = render(helm, kube, with_name(values, refused), workdir, "refused")
+            if out.returncode == 0:
+                problems.append(f"{where}: helm renders {refused!r} ({len(refused)}), the daemon refuses it")
+            elif "socket path" not in out.stderr:
+                problems.append(f"{where}: helm refuses {refused!r} for another reason: {out.stderr.strip()}")
+        print(f"{where}: longest name {len(longest)} characters, {'refused beyond' if refused else 'no limit hit'}")
+        return problems
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        problems = [p for found in pool.map(judge, range(len(cases))) for p in found]
+    assert not problems, "\n".join(problems)

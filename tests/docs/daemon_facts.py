@@ -10,9 +10,9 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from ate_devplugin.cli import build_parser
 from ate_devplugin.observability.metrics import DraMetrics, Metrics, PodResourcesMetrics
-from ate_devplugin.settings import DEFAULTS, ENV_PREFIX
+from ate_devplugin.settings import OPTIONS
 
-__all__ = ["DEFAULTS", "ENV_PREFIX", "metric_labels", "run_flags"]
+__all__ = ["OPTIONS", "metric_labels", "run_flags"]
 
 
 def run_flags() -> list[str]:

@@ -1,5 +1,6 @@
 """The reference pages agree with the daemon: every flag of ``ate-devplugin run`` in
-docs/configuration.md with its environment variable and default, every field of the
+docs/configuration.md with its environment variable and default (a table generated from the
+daemon's table of options, tools/gen-settings-doc.py), every field of the
 config file in its example, the check-config examples as the command prints them, every
 metric in docs/observability.md or docs/dra.md with its labels; the README installs as
 the chart README does."""
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs.daemon_facts import DEFAULTS, ENV_PREFIX, metric_labels, run_flags
+from tests.docs.daemon_facts import OPTIONS, metric_labels, run_flags
 from tests.harness.chart import doc_block
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,16 +40,28 @@ def _flag_rows() -> dict[str, list[str]]:
     return {m.group(1): row for row in rows[1:] if (m := re.match(r"`(--[a-z-]+)", row[0]))}
 
 
+def test_the_flag_table_is_generated_from_the_table_of_options() -> None:
+    out = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "gen-settings-doc.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+
+
 def test_every_flag_is_documented_with_its_environment_variable_and_default() -> None:
+    """Read back from the page: the parser's flags, each with its variable and default."""
     rows = _flag_rows()
     flags = run_flags()
     assert sorted(rows) == sorted(flags), "docs/configuration.md's flag table and `ate-devplugin run` differ"
     for flag in flags:
-        key = flag[2:].replace("-", "_")
-        _, env, default = rows[flag]
-        assert f"`{ENV_PREFIX}{key.upper()}`" in env, f"{flag}: its variable is {ENV_PREFIX}{key.upper()}"
-        if DEFAULTS[key]:
-            assert f"`{DEFAULTS[key]}`" in default, f"{flag}: its default is {DEFAULTS[key]!r}"
+        option = OPTIONS[flag[2:].replace("-", "_")]
+        _, env, default, *_ = rows[flag]
+        assert f"`{option.variable}`" in env, f"{flag}: its variable is {option.variable}"
+        if option.default and not option.doc:
+            assert option.shown_default in default, f"{flag}: its default is {option.shown_default!r}"
         else:
             assert default, f"{flag}: say what happens when it is not given"
 

@@ -20,7 +20,16 @@ restartPolicy Always (a Deployment's only) and a CPU request of 50m instead of 5
 sixteen replicas fit a node of two CPUs. Neither is edited after it is created: the
 scheduler alone decides how each pod gets the devices.
 
-The tests run in file order and share both releases, removed at the end of the module.
+The two releases are installed side by side as the runbook does: neither replaces an
+object of the other (their manifests name no object twice, each object in the cluster is
+its own release's), and the device-plugin release's install leaves the DRA plugin running.
+
+The tests run in file order and share both releases. The last one uninstalls them: the
+device-plugin release first (the DRA release keeps everything), then the DRA release with
+`helm uninstall --wait`, whose pre-delete hook stops the driver pods while their identity
+still exists: the driver deletes its nodes' slices itself, and none is left when the
+command returns (the kubelet's own cleanup comes 30 s after a driver went, and the whole
+uninstall takes less than that).
 """
 
 from __future__ import annotations
@@ -28,8 +37,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -228,6 +238,22 @@ def wait_devices(cluster: Cluster, node: Node, count: int) -> list[dict[str, Any
         return found if len(found) == count else None
 
     return wait_until(f"{count} devices in {node.name}'s slices", published, 120)
+
+
+def release_objects(helm: Helm, release: str) -> list[tuple[str, str, str]]:
+    """(kind, namespace, name) of each object of the release's manifest (hooks aside)."""
+    manifest = helm.run("get", "manifest", release, "--namespace", NAMESPACE).stdout
+    docs = [d for d in yaml.safe_load_all(manifest) if d]
+    return [(d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]) for d in docs]
+
+
+def live(cluster: Cluster, objects: list[tuple[str, str, str]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """Those of ``objects`` the API server holds, by (kind, name), in one request (kubectl
+    ignores the namespace for cluster-scoped kinds; every namespaced one is in NAMESPACE)."""
+    assert {namespace for _, namespace, _ in objects} <= {NAMESPACE, ""}
+    found = cluster.get_json("--namespace", NAMESPACE, "--ignore-not-found", *[f"{k}/{n}" for k, _, n in objects])
+    items = found.get("items", [found]) if found else []  # one object: the object itself
+    return {(i["kind"], i["metadata"]["name"]): i for i in items}
 
 
 def install(helm: Helm, release: str, values: dict[str, Any]) -> None:
@@ -495,8 +521,10 @@ def test_ten_replicas_share_one_nodes_kvm(cluster_137: Cluster, nodes: tuple[Nod
 @pytest.fixture(scope="module")
 def mixed(cluster_137: Cluster, helm_137: Helm, nodes: tuple[Node, Node], dra_installed: None) -> dict[str, Any]:
     """The first node joins the device-plugin pool; two more replicas land there (the DRA node
-    cordoned meanwhile). Returns {"dra": the DRA node's pods, "device-plugin": the first node's}."""
+    cordoned meanwhile). Returns {"dra": the DRA node's pods, "device-plugin": the first node's,
+    "dra-plugin": the DRA release's plugin pod before the device-plugin release was installed}."""
     first, second = nodes
+    dra_plugin = wait_plugin(cluster_137, DRA_RELEASE, second)
     first.label({POOL: "device-plugin"})
     install(helm_137, DP_RELEASE, copy.deepcopy(DP_VALUES))
     wait_plugin(cluster_137, DP_RELEASE, first)
@@ -505,7 +533,7 @@ def mixed(cluster_137: Cluster, helm_137: Helm, nodes: tuple[Node, Node], dra_in
     with cordoned(cluster_137, second):
         found = scale(cluster_137, REPLICAS + 2)
     new = [p for p in found if p["metadata"]["uid"] not in before]
-    return {"dra": [p for p in found if p["metadata"]["uid"] in before], "device-plugin": new}
+    return {"dra": [p for p in found if p["metadata"]["uid"] in before], "device-plugin": new, "dra-plugin": dra_plugin}
 
 
 def test_one_deployment_runs_on_a_device_plugin_node_and_a_dra_node(
@@ -528,6 +556,52 @@ def test_one_deployment_runs_on_a_device_plugin_node_and_a_dra_node(
     # The same pod template: the scheduler chose the way per node.
     templates = {json.dumps(p["spec"]["containers"][0]["resources"], sort_keys=True) for p in pods(cluster_137)}
     assert len(templates) == 1
+
+
+def test_the_two_releases_keep_each_their_own_objects(
+    cluster_137: Cluster, helm_137: Helm, nodes: tuple[Node, Node], mixed: dict[str, Any]
+) -> None:
+    """Installed side by side, as the runbook's migration does: no object is in both
+    releases (ConfigMaps, ClusterRoles, DeviceClasses, dashboards, ...), each object in the
+    cluster belongs to the release that made it, each plugin reads its own release's
+    config, and installing the device-plugin release left the DRA plugin pod as it was."""
+    _, second = nodes
+    objects = {release: release_objects(helm_137, release) for release in (DP_RELEASE, DRA_RELEASE)}
+    for release, found in objects.items():
+        print(f"{release}: {len(found)} objects: {sorted(found)}")
+    assert not set(objects[DP_RELEASE]) & set(objects[DRA_RELEASE])
+    for release, found in objects.items():
+        owners = {
+            key: i["metadata"]["annotations"]["meta.helm.sh/release-name"]
+            for key, i in live(cluster_137, found).items()
+        }
+        assert owners == {(kind, name): release for kind, _, name in found}
+    kinds = {release: {kind for kind, _, _ in found} for release, found in objects.items()}
+    assert {"ClusterRole", "ClusterRoleBinding", "DeviceClass"} <= kinds[DRA_RELEASE]
+    dashboards = {
+        release: sorted(n for k, _, n in found if k == "ConfigMap" and "dashboard" in n)
+        for release, found in objects.items()
+    }
+    assert dashboards[DP_RELEASE]
+    assert len(dashboards[DRA_RELEASE]) == len(dashboards[DP_RELEASE])
+    # Each DaemonSet mounts its own release's config, which is that release's values.
+    for release, allocate in ((DP_RELEASE, "cdi"), (DRA_RELEASE, None)):
+        (ds,) = [n for k, _, n in objects[release] if k == "DaemonSet"]
+        volumes = live(cluster_137, [("DaemonSet", NAMESPACE, ds)])[("DaemonSet", ds)]["spec"]["template"]["spec"][
+            "volumes"
+        ]
+        (config_map,) = [v["configMap"]["name"] for v in volumes if "configMap" in v]
+        assert ("ConfigMap", NAMESPACE, config_map) in objects[release]
+        data = live(cluster_137, [("ConfigMap", NAMESPACE, config_map)])[("ConfigMap", config_map)]["data"]
+        config = yaml.safe_load(data["config.yaml"])
+        assert config["resources"][0].get("allocate") == allocate, (release, config)
+    before = mixed["dra-plugin"]
+    now = wait_plugin(cluster_137, DRA_RELEASE, second)
+    assert now["metadata"]["uid"] == before["metadata"]["uid"]
+    assert (
+        now["status"]["containerStatuses"][0]["restartCount"]
+        == before["status"]["containerStatuses"][0]["restartCount"]
+    )
 
 
 def test_device_plugin_health_shows_in_the_pod_status(
@@ -594,3 +668,77 @@ def test_migrating_the_device_plugin_node_to_dra(
     # Nothing of the DRA node's first pods was disturbed.
     now = {p["metadata"]["uid"]: p["status"]["containerStatuses"][0]["restartCount"] for p in pods(cluster_137)}
     assert {uid: now.get(uid) for uid in untouched} == untouched
+
+
+# --- 7. uninstalled: one release leaves the other alone; the slices go before helm returns -------
+
+
+@contextlib.contextmanager
+def following_logs(cluster: Cluster, pods: list[dict[str, Any]]) -> Iterator[Callable[[], list[str]]]:
+    """``kubectl logs -f`` of each pod while the block runs (a pod's lines stay readable after
+    the pod is gone); yields a function returning every line seen so far."""
+    kubectl = [str(cluster.kubectl_path), "--kubeconfig", str(cluster.kubeconfig), "logs", "-f", "-n", NAMESPACE]
+    followers = [
+        cluster.sandbox.spawn(f"logs-{p['metadata']['name']}-{uuid.uuid4().hex[:4]}", [*kubectl, p["metadata"]["name"]])
+        for p in pods
+    ]
+
+    def lines() -> list[str]:
+        return [line for f in followers for line in f.log_tail(10**7).splitlines()]
+
+    try:
+        wait_until("the logs followed", lambda: all(f.log_tail(10**7) for f in followers), 30)
+        yield lines
+    finally:
+        for follower in followers:
+            follower.stop()
+            cluster.sandbox.processes.remove(follower)
+
+
+def about_slices(lines: list[str]) -> list[str]:
+    return [line for line in lines if "resource slices" in line]
+
+
+def test_uninstalled_one_release_at_a_time_the_slices_go_before_helm_returns(
+    cluster_137: Cluster, helm_137: Helm, nodes: tuple[Node, Node], mixed: dict[str, Any]
+) -> None:
+    cluster_137.kubectl("delete", "deployment", "-n", MICROVM_WORKERS, DEPLOYMENT, "--wait=true", timeout=180)
+    wait_until("the consumers gone", lambda: not pods(cluster_137), 180)
+    for node in nodes:  # after the migration both nodes are in the DRA pool
+        wait_devices(cluster_137, node, 2 * (1 + SLOTS))
+    # The device-plugin release first: nothing of the DRA release changes.
+    dra_objects = release_objects(helm_137, DRA_RELEASE)
+    uids = {key: i["metadata"]["uid"] for key, i in live(cluster_137, dra_objects).items()}
+    assert len(uids) == len(dra_objects)
+    plugins = [wait_plugin(cluster_137, DRA_RELEASE, node) for node in nodes]
+    slice_uids = {s["metadata"]["uid"] for node in nodes for s in slices(cluster_137, node)}
+    helm_137.run("uninstall", DP_RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "2m")
+    assert {key: i["metadata"]["uid"] for key, i in live(cluster_137, dra_objects).items()} == uids
+    assert [wait_plugin(cluster_137, DRA_RELEASE, n)["metadata"]["uid"] for n in nodes] == [
+        p["metadata"]["uid"] for p in plugins
+    ]
+    assert {s["metadata"]["uid"] for node in nodes for s in slices(cluster_137, node)} == slice_uids
+    # Then the DRA release, as a user uninstalls it.
+    with following_logs(cluster_137, plugins) as logs:
+        start = time.monotonic()
+        out = helm_137.run("uninstall", DRA_RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "2m")
+        took = time.monotonic() - start
+        left = [s["metadata"]["name"] for node in nodes for s in slices(cluster_137, node)]
+        print(f"helm uninstall --wait {DRA_RELEASE} returned after {took:.1f}s: {out.stdout.strip()}")
+        print(f"the driver's slices then: {left}")
+        with contextlib.suppress(ClusterError):  # the asserts below say what is missing
+            wait_until("each driver's shutdown in its log", lambda: len(about_slices(logs())) >= len(nodes), 10)
+        shutdown = about_slices(logs())
+    print("the drivers' shutdown:\n" + "\n".join(shutdown))
+    assert left == []
+    # The kubelet deletes a node's slices 30 s after its driver deregistered, which was after
+    # `start`: in less time than that, the slices were deleted by the drivers.
+    assert took < 30, f"the uninstall took {took:.1f}s: the kubelet's cleanup could have deleted the slices"
+    deleted = [json.loads(line) for line in shutdown if '"resource slices deleted"' in line]
+    assert len(deleted) == len(nodes), shutdown
+    assert all(entry["count"] >= 1 for entry in deleted), shutdown
+    assert not [line for line in shutdown if "could not delete" in line], shutdown
+    # The hook cleaned up after itself; nothing of either release is left.
+    assert not cluster_137.get_json("jobs,serviceaccounts,roles,rolebindings", "-n", NAMESPACE,
+                                    "-l", "app.kubernetes.io/component=uninstall")["items"]  # fmt: skip
+    assert live(cluster_137, dra_objects) == {}

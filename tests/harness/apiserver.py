@@ -60,10 +60,10 @@ def newest_release() -> str:
     return max(built, key=lambda r: tuple(int(x) for x in r.split(".") if x.isdigit()), default=TEST_RELEASE)
 
 
-def missing() -> str | None:
-    """Why no API server can run here (None: it can)."""
-    if not (k8s_bin_dir() / "kube-apiserver").is_file():
-        return f"no {k8s_bin_dir() / 'kube-apiserver'}: run tools/build-k8s.sh"
+def missing(release: str = TEST_RELEASE, binary: str = "kube-apiserver") -> str | None:
+    """Why no API server (or another ``binary`` of ``release``) can run here (None: it can)."""
+    if not (k8s_bin_dir(release) / binary).is_file():
+        return f"no {k8s_bin_dir(release) / binary}: run tools/build-k8s.sh {release}"
     for tool, package in (("etcd", "etcd-server"), ("openssl", "openssl")):
         if shutil.which(tool) is None:
             return f"{tool} not found; install with: apt-get install -y {package}"
@@ -126,16 +126,19 @@ def https_request(
 
 
 class ApiServer:
-    """etcd + kube-apiserver in ``work``; a context manager."""
+    """etcd + kube-apiserver of ``release`` in ``work``, and a kube-scheduler on demand; a
+    context manager."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, release: str = TEST_RELEASE) -> None:
         self.work = work
+        self.release = release
         self.pki = work / "pki"
         self.port = free_port()
         self.etcd_port, self.peer_port = free_port(), free_port()
         self.tokens = {ADMIN: (secrets.token_hex(16), "system:masters"), DRIVER_USER: (secrets.token_hex(16), "")}
         self.etcd: subprocess.Popen[bytes] | None = None
         self.apiserver: subprocess.Popen[bytes] | None = None
+        self.scheduler: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Self:
         try:
@@ -163,7 +166,7 @@ class ApiServer:
         ])  # fmt: skip
         pki = self.pki
         self.apiserver = self._spawn("kube-apiserver", [
-            str(k8s_bin_dir() / "kube-apiserver"), f"--etcd-servers={etcd_url}",
+            str(k8s_bin_dir(self.release) / "kube-apiserver"), f"--etcd-servers={etcd_url}",
             "--bind-address=127.0.0.1", f"--secure-port={self.port}", "--advertise-address=127.0.0.1",
             "--endpoint-reconciler-type=none",
             f"--tls-cert-file={pki}/apiserver.crt", f"--tls-private-key-file={pki}/apiserver.key",
@@ -204,13 +207,22 @@ class ApiServer:
         return write_kubeconfig(self.pki / f"{user}.kubeconfig", f"https://127.0.0.1:{self.port}",
                                 self.pki / "ca.crt", user, self.tokens[user][0])  # fmt: skip
 
+    def start_scheduler(self) -> None:
+        """The release's kube-scheduler, as admin, serving nothing of its own (no port to
+        clash with another test's): it allocates claims and binds pods; no kubelet runs them."""
+        kubeconfig = self.kubeconfig(ADMIN)
+        self.scheduler = self._spawn("kube-scheduler", [
+            str(k8s_bin_dir(self.release) / "kube-scheduler"), f"--kubeconfig={kubeconfig}",
+            "--leader-elect=false", "--secure-port=0", "--v=1",
+        ])  # fmt: skip
+
     def close(self) -> None:
-        for proc in (self.apiserver, self.etcd):
+        for proc in (self.scheduler, self.apiserver, self.etcd):
             if proc is not None:
                 with contextlib.suppress(ProcessLookupError):
                     proc.send_signal(signal.SIGCONT)  # a paused one must hear the SIGTERM
                 stop_process(proc, timeout=15)
-        self.apiserver = self.etcd = None
+        self.scheduler = self.apiserver = self.etcd = None
 
     def log_tail(self, name: str, chars: int = 4000) -> str:
         with contextlib.suppress(OSError):

@@ -258,7 +258,7 @@ def log_matches(lines: list[dict[str, object]], words: str, level: str | None = 
 
 def min_backoff_attempts(seconds: float, initial: float = 0.02, cap: float = 30.0) -> int:
     """The most attempts a capped exponential backoff with jitter in [d/2, d] (the
-    daemon's :class:`ate_devplugin.deviceplugin.registration.Backoff`) can make in ``seconds``: the
+    daemon's :class:`ate_devplugin.tasks.Backoff`) can make in ``seconds``: the
     count when every delay is drawn at its shortest."""
     attempts, elapsed, d = 1, 0.0, initial
     while True:

@@ -15,6 +15,8 @@ Three pieces, all driven from pytest:
   real restart looks like to a plugin.
 * :class:`GoStubPlugin`: the kubelet's own Go stub device plugin (``plugin/v1beta1.Stub``)
   as a peer, from the same binary.
+* :class:`KubeletDra`: the kubelet's DRA side (``kubelet-bench dra``, 1.35+: its DRA
+  manager and plugin manager, and optionally its PodResources API) against an API server.
 
 Typical use::
 
@@ -60,6 +62,7 @@ __all__ = [
     "DeviceSpec",
     "GoStubPlugin",
     "KubeletBench",
+    "KubeletDra",
     "Mount",
     "Namespace",
     "PendingWait",
@@ -761,6 +764,56 @@ class KubeletBench:
 
 
 _READY_TIMEOUT = 20.0
+
+
+class KubeletDra:
+    """``kubelet-bench dra``: the kubelet's DRA manager for one node, against a real API
+    server, on the host (it writes only under ``root``: the plugin registry it watches, its
+    checkpoint and, with ``pod_resources``, the PodResources socket it serves).
+    JSON lines as tests/kubelet_bench/README.md says ("DRA")."""
+
+    def __init__(self, version: str, kubeconfig: Path, node: str, root: Path, *, pod_resources: bool = False) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        self.registry_dir = root / "plugins_registry"
+        self.pod_resources_socket = root / "pod-resources" / "kubelet.sock"
+        self.log_path = root / f"kubelet-bench-dra-{version}.log"
+        self.argv = [
+            str(bench_binary(version)), "dra", f"--kubeconfig={kubeconfig}", f"--node={node}",
+            f"--registry-dir={self.registry_dir}", f"--state-dir={root / 'state'}", "-v=2",
+            *([f"--pod-resources-socket={self.pod_resources_socket}"] if pod_resources else []),
+        ]  # fmt: skip
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._chan: _JsonLineChannel | None = None
+
+    def __enter__(self) -> Self:
+        with self.log_path.open("ab") as log:
+            self._proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
+        self._chan = _JsonLineChannel(self._proc, "kubelet-bench-dra")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is None:
+            return
+        if self._proc.poll() is None:
+            with contextlib.suppress(BenchError, TimeoutError):
+                self.request("exit", timeout=10)
+        stop_process(self._proc, signal.SIGTERM)
+        if self._chan is not None:
+            self._chan.close()
+        self._proc = self._chan = None
+
+    def request(self, cmd: str, *, timeout: float = 60.0, **fields: Any) -> dict[str, Any]:
+        """One request and its answer; raises BenchError on ``ok: false``."""
+        if self._chan is None:
+            raise BenchError("kubelet-bench dra is not running")
+        self._chan.send({"cmd": cmd, **fields})
+        try:
+            answer = self._chan.receive(timeout)
+        except (TimeoutError, BenchError) as exc:
+            raise BenchError(f"kubelet-bench dra {cmd}: {exc}\n{_tail(self.log_path)}") from exc
+        if not answer.get("ok"):
+            raise BenchError(f"kubelet-bench dra {cmd}: {answer.get('error', answer)}", answer)
+        return answer
 
 
 class GoStubPlugin:

@@ -10,6 +10,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
 	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
@@ -40,4 +41,20 @@ func allocatableDevices(_ klog.Logger, m *devicemanager.ManagerImpl) devicemanag
 // draGetNode adapts a node getter to the DRA manager's GetNodeFunc (no context in 1.35).
 func draGetNode(get func(context.Context) (*v1.Node, error)) dra.GetNodeFunc {
 	return func() (*v1.Node, error) { return get(context.Background()) }
+}
+
+// The PodResources providers' 1.35 signatures (podresources.go): nothing held by
+// a device plugin, CPU or memory manager on the DRA side.
+type noneHeld struct{}
+
+func (noneHeld) UpdateAllocatedDevices()                                       {}
+func (noneHeld) GetDevices(string, string) []*podresourcesapi.ContainerDevices { return nil }
+func (noneHeld) GetAllocatableDevices() []*podresourcesapi.ContainerDevices    { return nil }
+func (noneHeld) GetCPUs(string, string) []int64                                { return nil }
+func (noneHeld) GetAllocatableCPUs() []int64                                   { return nil }
+func (noneHeld) GetMemory(string, string) []*podresourcesapi.ContainerMemory   { return nil }
+func (noneHeld) GetAllocatableMemory() []*podresourcesapi.ContainerMemory      { return nil }
+
+func (c claimsHeld) GetDynamicResources(pod *v1.Pod, container *v1.Container) []*podresourcesapi.DynamicResource {
+	return c.dynamicResources(c.b.logger, pod, container)
 }

@@ -11,6 +11,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
 	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
@@ -42,4 +43,24 @@ func allocatableDevices(logger klog.Logger, m *devicemanager.ManagerImpl) device
 // draGetNode adapts a node getter to the DRA manager's GetNodeFunc (with a context from 1.37).
 func draGetNode(get func(context.Context) (*v1.Node, error)) dra.GetNodeFunc {
 	return get
+}
+
+// The PodResources providers' 1.37 signatures (podresources.go): nothing held by
+// a device plugin, CPU or memory manager on the DRA side.
+type noneHeld struct{}
+
+func (noneHeld) UpdateAllocatedDevices(klog.Logger)                                    {}
+func (noneHeld) GetDevices(string, string) []*podresourcesapi.ContainerDevices         { return nil }
+func (noneHeld) GetAllocatableDevices(klog.Logger) []*podresourcesapi.ContainerDevices { return nil }
+func (noneHeld) GetCPUs(*v1.Pod, *v1.Container) []int64                                { return nil }
+func (noneHeld) GetPodCPUs(string) []int64                                             { return nil }
+func (noneHeld) GetAllocatableCPUs() []int64                                           { return nil }
+func (noneHeld) GetMemory(klog.Logger, *v1.Pod, *v1.Container) []*podresourcesapi.ContainerMemory {
+	return nil
+}
+func (noneHeld) GetPodMemory(klog.Logger, string) []*podresourcesapi.ContainerMemory { return nil }
+func (noneHeld) GetAllocatableMemory(klog.Logger) []*podresourcesapi.ContainerMemory { return nil }
+
+func (c claimsHeld) GetDynamicResources(logger klog.Logger, pod *v1.Pod, container *v1.Container) []*podresourcesapi.DynamicResource {
+	return c.dynamicResources(logger, pod, container)
 }

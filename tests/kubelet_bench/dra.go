@@ -7,12 +7,15 @@ package main
 // manager and plugin watcher) for one node, against a real API server, driven
 // by JSON lines as the device manager bench is.
 //
-//	kubelet-bench dra --kubeconfig F --node N --registry-dir D --state-dir S [-v N]
+//	kubelet-bench dra --kubeconfig F --node N --registry-dir D --state-dir S
+//	                  [--pod-resources-socket P] [-v N]
 //
 // At start it lists and watches the node's ResourceSlices (every driver), then
 // starts the manager, which deletes every slice of the node as a starting
 // kubelet does, and the plugin manager, which registers drivers whose sockets
-// appear in the registry directory. Commands (one answer line each):
+// appear in the registry directory. With --pod-resources-socket it also serves
+// the kubelet's PodResources API there (podresources.go): the active pods and
+// the claims prepared for them. Commands (one answer line each):
 //
 //	version
 //	wait_registered  driver, timeout_s        -> elapsed_s, done_monotonic_ns
@@ -187,6 +190,7 @@ func runDRA(args []string) int {
 	node := fs.String("node", "", "node name (required; the Node object must exist)")
 	registryDir := fs.String("registry-dir", "", "plugin registry directory the plugin watcher watches (required)")
 	stateDir := fs.String("state-dir", "", "directory of the DRA manager's checkpoint (required)")
+	podResources := fs.String("pod-resources-socket", "", "serve the kubelet's PodResources API (v1) on this socket")
 	addKlogFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -199,6 +203,9 @@ func runDRA(args []string) int {
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), logger))
 	defer cancel()
 	b, err := startDRA(ctx, logger, *kubeconfig, *node, *registryDir, *stateDir)
+	if err == nil && *podResources != "" {
+		err = b.servePodResources(ctx, *podResources)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "dra:", err)
 		return 1

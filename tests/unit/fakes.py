@@ -144,6 +144,28 @@ def pod(namespace: str, name: str, *containers: tuple[str, str, int]) -> prpb.Po
     )
 
 
+def claimed(namespace: str, name: str, container: str, *devices: tuple[str, str, str]) -> prpb.PodResources:
+    """A pod whose one container holds DRA claims' devices: (claim, driver, device) each,
+    as the kubelet lists them (a claim's devices together, each CDI name after those of the
+    devices before it)."""
+    by_claim: dict[str, list[tuple[str, str]]] = {}
+    for claim, driver, device in devices:
+        by_claim.setdefault(claim, []).append((driver, device))
+    dynamic = []
+    for claim, entries in by_claim.items():
+        cdi: list[prpb.CDIDevice] = []
+        resources = []
+        for driver, device in entries:
+            cdi = [*cdi, prpb.CDIDevice(name=f"{driver}/x={device}")]
+            resources.append(
+                prpb.ClaimResource(cdi_devices=cdi, driver_name=driver, pool_name="node", device_name=device)
+            )
+        dynamic.append(prpb.DynamicResource(claim_name=claim, claim_namespace=namespace, claim_resources=resources))
+    return prpb.PodResources(
+        name=name, namespace=namespace, containers=[prpb.ContainerResources(name=container, dynamic_resources=dynamic)]
+    )
+
+
 class FakeLister(prpb_grpc.PodResourcesListerServicer):
     """Answers List with ``pods``, or fails with ``fail`` when set."""
 

@@ -3,6 +3,7 @@ field, flag or variable, warnings, stdin, and --help."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -13,8 +14,8 @@ from typing import IO
 import pytest
 
 from ate_devplugin import __version__
-from ate_devplugin.cli import GROUPS
-from ate_devplugin.settings import DEFAULTS
+from ate_devplugin.cli import build_parser
+from ate_devplugin.settings import GROUPS, OPTIONS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -186,16 +187,26 @@ def _help(*command: str) -> str:
 def test_run_help_names_every_flag_with_its_variable_choices_and_default() -> None:
     text = _help("run")
     flat = " ".join(text.split())  # help lines wrap anywhere
-    for option in (o for options in GROUPS.values() for o in options):
-        flag = "--" + option.key.replace("_", "-")
-        default = option.default or DEFAULTS[option.key]
-        assert (
-            f"{flag} {option.metavar} {option.text} [env ATE_DEVPLUGIN_{option.key.upper()}; default: {default}]"
-            in (flat)
-        ), flag
+    for group in GROUPS:
+        assert f"{group.title}:" in flat
+        for option in group.options:
+            flag = "--" + option.key.replace("_", "-")
+            default = option.default_help or option.default
+            assert (
+                f"{flag} {option.metavar} {option.help} [env ATE_DEVPLUGIN_{option.key.upper()}; default: {default}]"
+                in flat
+            ), flag
     for choices in ("--mode {device-plugin,dra,both}", "--log-format {auto,json,text}", "--pod-resources {on,off}"):
         assert choices in flat
     assert "--log-level {debug,info,warning,error}" in flat
+
+
+def test_the_options_of_run_are_the_table_of_options() -> None:
+    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    run_options = {a.dest: a for a in commands.choices["run"]._actions if a.dest != "help"}
+    assert list(run_options) == list(OPTIONS)
+    for key, action in run_options.items():
+        assert (action.option_strings, action.metavar) == ([OPTIONS[key].flag], OPTIONS[key].metavar)
 
 
 @pytest.mark.parametrize("command", [(), ("run",), ("check-config",), ("version",)])

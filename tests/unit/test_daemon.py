@@ -24,13 +24,20 @@ from ate_devplugin import runtime
 from ate_devplugin.config import ResourceConfig, files
 from ate_devplugin.daemon import Daemon
 from ate_devplugin.deviceplugin.plugin import DevicePlugin
-from ate_devplugin.deviceplugin.podresources import PodResourcesWatch
 from ate_devplugin.host.cdi import CdiSpecs
 from ate_devplugin.host.devices import DeviceNode, Discovery
 from ate_devplugin.host.watcher import FsEvent, Watches
 from ate_devplugin.observability.metrics import Metrics
 from ate_devplugin.observability.tracing import Tracing
-from ate_devplugin.settings import Timing, resolve
+from ate_devplugin.podresources.watch import PodResourcesWatch
+from ate_devplugin.settings import (
+    DaemonSettings,
+    DevicePluginSettings,
+    PodResourcesSettings,
+    RuntimeSettings,
+    Timing,
+    resolve,
+)
 from ate_devplugin.tasks import Guard, TaskDiedError
 from tests.unit.fakes import KVM, FakeClock, FakeFs, FakeKubelet, FakeLister, FakeServer, fake_ports, pod, serve, until
 
@@ -62,8 +69,9 @@ class Setup:
             flags["config"] = str(self.config)
         settings = resolve(flags, {})
         self.settings = replace(settings, timing=Timing(agent_stop_s=0.5, server_stop_grace_s=0.0, **timing))
-        resources = files.load(self.settings.config, self.settings.plugin_dir)
-        self.kubelet_socket = self.settings.kubelet_socket
+        part = self.settings.part(RuntimeSettings)
+        resources = files.load(part.config, part.plugin_dir)
+        self.kubelet_socket = self.settings.part(DevicePluginSettings).kubelet_socket
         self.fs = FakeFs(identities={self.kubelet_socket: (1, 1, 1)})
         self.kubelet = FakeKubelet()
         self.servers: dict[str, FakeServer] = {}
@@ -367,7 +375,7 @@ async def test_a_new_pod_resources_socket_is_dialled(pods: Pods) -> None:
     task = await running(s)
     await until(lambda: units(s, "worker") == 1, "the first List")
     calls = pods.lister.calls
-    s.daemon.put(FsEvent("created", s.settings.pod_resources_socket, "", False))
+    s.daemon.put(FsEvent("created", s.settings.part(PodResourcesSettings).pod_resources_socket, "", False))
     await until(lambda: pods.lister.calls > calls, "a List on the new socket")
     s.daemon.request_stop("SIGTERM")
     await asyncio.wait_for(task, 5)
@@ -389,6 +397,39 @@ async def test_a_lost_device_counts_and_names_the_pods_holding_it(pods: Pods, ca
     (line,) = [r for r in caplog.records if r.message.startswith("device lost")]
     assert line.levelno == logging.WARNING
     assert line.__dict__["pods"] == ["vm/worker"]
+    s.daemon.request_stop("SIGTERM")
+    await asyncio.wait_for(task, 5)
+
+
+class SlowStart:
+    """A component whose start yields to the loop for a while (as the DRA driver's does,
+    serving its sockets): tasks started before it run meanwhile."""
+
+    name = "slow start"
+
+    async def start(self, resources: tuple[ResourceConfig, ...], guard: Guard) -> None:
+        await asyncio.sleep(0.1)
+
+    async def stop(self, deadline_s: float) -> list[str]:
+        return []
+
+    async def on_resources(self, resources: tuple[ResourceConfig, ...]) -> None:
+        pass
+
+    def on_discovery(self, found: Mapping[str, Discovery]) -> None:
+        pass
+
+
+async def test_the_first_list_follows_the_first_discovery_whatever_the_start_order(pods: Pods) -> None:
+    """Started after the watch, a start that yields does not make the watch list before it
+    knows which devices are present: one List, after the first discovery, with every series."""
+    s = pods.s
+    s.daemon.components.append(SlowStart())
+    task = await running(s)
+    await until(lambda: units(s, "worker") == 1, "the first List")
+    assert s.sample("ate_devplugin_pods_holding_units", resource_name=KVM) == 1
+    assert s.sample("ate_devplugin_pods_on_unhealthy_device", resource_name=KVM) == 0
+    assert pods.lister.calls == 1
     s.daemon.request_stop("SIGTERM")
     await asyncio.wait_for(task, 5)
 
@@ -443,7 +484,7 @@ class Probe:
 
 def probe_daemon(tmp_path: Path, *probes: Probe) -> Daemon:
     settings = Setup(tmp_path).settings
-    return Daemon(settings.for_daemon(), (), probes, Metrics(CollectorRegistry()), discover=found)
+    return Daemon(settings.part(DaemonSettings), (), probes, Metrics(CollectorRegistry()), discover=found)
 
 
 async def test_readiness_waits_for_every_component_and_joins_what_they_say(tmp_path: Path) -> None:

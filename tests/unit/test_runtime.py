@@ -20,10 +20,11 @@ from ate_devplugin import config, runtime
 from ate_devplugin.host.cdi import CdiSpecs
 from ate_devplugin.observability.metrics import Metrics
 from ate_devplugin.observability.tracing import Tracing
-from ate_devplugin.settings import Timing, resolve
+from ate_devplugin.settings import RuntimeSettings, Settings, Timing, resolve
 from tests.unit.dra.fakes import FakeApi
 
 KVM_ONLY = "resources: [{name: ate.dev/kvm, devices: [/dev/kvm]}]\n"
+KVM_AND_TUN = "resources: [{name: ate.dev/kvm, devices: [/dev/kvm]}, {name: ate.dev/tun, devices: [/dev/net/tun]}]\n"
 
 
 def get(url: str) -> tuple[int, str]:
@@ -34,8 +35,7 @@ def get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGQUIT])
-def test_serve_stops_on_a_terminating_signal(tmp_path: Path, caplog: pytest.LogCaptureFixture, sig: int) -> None:
+def settings_in(tmp_path: Path) -> Settings:
     (tmp_path / "plugins").mkdir()
     (tmp_path / "dev").mkdir()
     (tmp_path / "config.yaml").write_text(KVM_ONLY)
@@ -48,17 +48,33 @@ def test_serve_stops_on_a_terminating_signal(tmp_path: Path, caplog: pytest.LogC
         },
         {},
     )
-    settings = replace(settings, timing=Timing(shutdown_deadline_s=1.0, trace_flush_s=0.5))
+    return replace(settings, timing=Timing(shutdown_deadline_s=1.0, close_s=0.5))
+
+
+async def logged(caplog: pytest.LogCaptureFixture, message: str, timeout: float = 10.0) -> logging.LogRecord:
+    """The first record of ``message``, waiting for it (a bounded wait: a failure, not a hang)."""
+    async with asyncio.timeout(timeout):
+        while not (found := [r for r in caplog.records if r.getMessage() == message]):
+            await asyncio.sleep(0.01)
+    return found[0]
+
+
+async def _serving(caplog: pytest.LogCaptureFixture, settings: Settings) -> tuple[asyncio.Task[None], str]:
+    """``runtime.serve`` started with the file's resources, and the address of its probes."""
+    part = settings.part(RuntimeSettings)
+    serving = asyncio.create_task(runtime.serve(settings, config.load(part.config, part.plugin_dir)))
+    return serving, "http://" + (await logged(caplog, "listening for metrics and probes")).__dict__["address"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGQUIT])
+def test_serve_stops_on_a_terminating_signal(tmp_path: Path, caplog: pytest.LogCaptureFixture, sig: int) -> None:
+    settings = settings_in(tmp_path)
     answers: list[tuple[int, str]] = []
 
     async def main() -> None:
-        serving = asyncio.create_task(runtime.serve(settings, config.load(settings.config, settings.plugin_dir)))
-        while not any("listening for metrics" in r.getMessage() for r in caplog.records):
-            await asyncio.sleep(0.01)
-        port = next(r for r in caplog.records if "listening for metrics" in r.getMessage()).__dict__["address"]
+        serving, url = await _serving(caplog, settings)
         for path in ("/healthz", "/readyz"):
-            answers.append(await asyncio.to_thread(get, f"http://{port}{path}"))
-        os.kill(os.getpid(), signal.SIGHUP)  # reloads: the same file, nothing changes
+            answers.append(await asyncio.to_thread(get, f"{url}{path}"))
         os.kill(os.getpid(), sig)
         await asyncio.wait_for(serving, 10)
 
@@ -72,6 +88,38 @@ def test_serve_stops_on_a_terminating_signal(tmp_path: Path, caplog: pytest.LogC
     assert any(getattr(r, "why", None) == signal.Signals(sig).name for r in caplog.records)
 
 
+def test_sighup_reloads_the_config_file(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The file changed before the daemon watched it, so no event tells of it: only the
+    signal makes the daemon read it, and serve its second resource."""
+    settings = settings_in(tmp_path)
+    answers: list[tuple[int, str]] = []
+
+    async def main() -> None:
+        part = settings.part(RuntimeSettings)
+        resources = config.load(part.config, part.plugin_dir)
+        (tmp_path / "config.yaml").write_text(KVM_AND_TUN)
+        serving = asyncio.create_task(runtime.serve(settings, resources))
+        try:
+            url = "http://" + (await logged(caplog, "listening for metrics and probes")).__dict__["address"]
+            await logged(caplog, "started")
+            answers.append(await asyncio.to_thread(get, f"{url}/readyz"))
+            os.kill(os.getpid(), signal.SIGHUP)
+            await logged(caplog, "config reloaded")
+            answers.append(await asyncio.to_thread(get, f"{url}/readyz"))
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.wait_for(serving, 10)
+
+    with caplog.at_level(logging.DEBUG, logger="ate_devplugin"):
+        asyncio.run(main())
+    assert answers == [
+        (200, "ok: 0 of 1 resources present and registered\n"),
+        (200, "ok: 0 of 2 resources present and registered\n"),
+    ]
+    (reloaded,) = [r for r in caplog.records if r.getMessage() == "config reloaded"]
+    assert reloaded.__dict__["resources"] == ["ate.dev/kvm", "ate.dev/tun"]
+
+
 def test_device_plugin_mode_loads_no_kubernetes_client_nor_pod_reader() -> None:
     import subprocess
     import sys
@@ -83,7 +131,7 @@ def test_device_plugin_mode_loads_no_kubernetes_client_nor_pod_reader() -> None:
         "from ate_devplugin.observability.tracing import setup_tracing\n"
         "from ate_devplugin.settings import resolve\n"
         "s, m, t = resolve({}, {}), Metrics(), setup_tracing({})\n"
-        "built = runtime.components(s, m, t, None, runtime.host_ports(s, m, t))\n"
+        "built = runtime.components(s, m, t, None)\n"
         "print([c.name for c in built])\n"
         "print(sorted(n for n in sys.modules if n.startswith(('lightkube', 'httpx', 'ate_devplugin.dra'))))\n"
         "print(sorted(n for n in sys.modules if 'podresources' in n))\n"
@@ -104,8 +152,8 @@ def test_each_mode_builds_its_components(tmp_path: Path, mode: str, built: list[
     flags = {"mode": mode, "pod_resources": "on", "plugin_dir": str(tmp_path / "plugins")}
     settings = resolve(flags, {"NODE_NAME": "n"})
     metrics, tracing = Metrics(CollectorRegistry()), Tracing(NoOpTracerProvider())
-    kube = FakeApi() if settings.dra else None
-    parts = runtime.components(settings, metrics, tracing, kube, runtime.host_ports(settings, metrics, tracing))
+    dra = settings.part(RuntimeSettings).dra
+    parts = runtime.components(settings, metrics, tracing, FakeApi() if dra else None)
     assert [c.name for c in parts] == built
     (specs,) = [c for c in parts if isinstance(c, CdiSpecs)]
-    assert specs.every_resource is settings.dra  # a DRA driver answers with CDI names only
+    assert specs.every_resource is dra  # a DRA driver answers with CDI names only

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Tracer
@@ -26,9 +26,6 @@ from ate_devplugin.tasks import Guard
 
 log = logging.getLogger(__name__)
 
-# Told of every change of a resource's advertised health: name, health, the change's trace context.
-HealthListener = Callable[[str, str, Context | None], None]
-
 
 class DevicePlugin:
     name = "device plugin"
@@ -39,16 +36,16 @@ class DevicePlugin:
         self.metrics = metrics
         self.tracer = tracer
         self.agents: dict[str, ResourceAgent] = {}
-        self.health_listeners: list[HealthListener] = []
         self._retiring: set[ResourceAgent] = set()
         self._guard: Guard | None = None
         self._kubelet = ports.fs.socket_identity(settings.kubelet_socket)  # to tell restarts
         self._stuck: str | None = None
         self._waiting_said = False  # the info line about a missing kubelet socket
 
-    def health(self) -> dict[str, str]:
-        """The advertised health of every resource served, by name."""
-        return {name: agent.state.health for name, agent in self.agents.items()}
+    def change_context(self, resource: str) -> Context | None:
+        """The trace context of the resource's last health change (its ``device change`` span)."""
+        agent = self.agents.get(resource)
+        return agent.state.change_context if agent is not None else None
 
     # --- the component --------------------------------------------------------------
 
@@ -103,11 +100,7 @@ class DevicePlugin:
 
     def on_discovery(self, found: Mapping[str, Discovery]) -> None:
         for name, agent in self.agents.items():
-            before = agent.state.health
             agent.apply_discovery(found[name])
-            if agent.state.health != before:
-                for listener in self.health_listeners:
-                    listener(name, agent.state.health, agent.state.change_context)
         self._check_kubelet()
 
     # --- agents ---------------------------------------------------------------------

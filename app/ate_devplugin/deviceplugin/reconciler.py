@@ -34,25 +34,24 @@ class Observed:
 class Decision:
     action: Action
     until: float | None = None  # for WAIT: wake by this time at the latest (None: only when woken)
-    why: str = ""
 
 
 def decide(o: Observed) -> Decision:
     if not o.present:
-        return Decision(Action.WAIT, why="devices never present")
+        return Decision(Action.WAIT)  # devices never present
     if not o.socket_intact:
         if o.now < o.retry_at:
-            return Decision(Action.WAIT, o.retry_at, "backing off before serving again")
-        return Decision(Action.SERVE, why="our socket is not there")
+            return Decision(Action.WAIT, o.retry_at)  # backing off before serving again
+        return Decision(Action.SERVE)  # our socket is not there
     if not o.kubelet_up:
-        return Decision(Action.WAIT, why="waiting for the kubelet socket")
+        return Decision(Action.WAIT)  # waiting for the kubelet socket
     if not o.registered:
         if o.now < o.retry_at:
-            return Decision(Action.WAIT, o.retry_at, "backing off before registering again")
-        return Decision(Action.REGISTER, why="not registered")
+            return Decision(Action.WAIT, o.retry_at)  # backing off before registering again
+        return Decision(Action.REGISTER)
     if o.kubelet_stream:
-        return Decision(Action.WAIT, why="registered, the kubelet holds its stream")
+        return Decision(Action.WAIT)  # registered, the kubelet holds its stream
     deadline = o.no_stream_since + o.stream_grace
     if o.now < deadline:
-        return Decision(Action.WAIT, deadline, "registered, waiting for the kubelet's stream")
-    return Decision(Action.FORGET_REGISTRATION, why="the kubelet holds no stream of ours")
+        return Decision(Action.WAIT, deadline)  # registered, waiting for the kubelet's stream
+    return Decision(Action.FORGET_REGISTRATION)  # the kubelet holds no stream of ours

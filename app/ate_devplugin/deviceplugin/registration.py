@@ -9,9 +9,6 @@ from opentelemetry.trace import SpanKind, Tracer
 from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
 from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2_grpc
 from ate_devplugin.observability.tracing import rpc_span, set_rpc_status
-from ate_devplugin.tasks import Backoff
-
-__all__ = ["Backoff", "RegistrationError", "register"]
 
 API_VERSION = "v1beta1"
 

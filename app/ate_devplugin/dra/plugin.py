@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import grpc
@@ -25,7 +25,6 @@ from ate_devplugin.dra.service import ClaimReader, DraDriver
 from ate_devplugin.dra.slices import SliceApi, SliceDevice, SlicePublisher, resource_devices
 from ate_devplugin.host.devices import Discovery
 from ate_devplugin.host.sockets import UnixServer
-from ate_devplugin.host.watcher import FsEvent, Watches
 from ate_devplugin.observability.logs import reason
 from ate_devplugin.observability.metrics import DraMetrics
 from ate_devplugin.settings import DraSettings
@@ -66,13 +65,16 @@ class DraPlugin:
         self.metrics = metrics
         self.tracer = tracer
         driver, node = settings.driver, settings.node_name
-        self.publisher = SlicePublisher(api, driver, node, metrics, sharing=settings.sharing == "capacity")
-        self.driver = DraDriver(driver, node, self._lookup, api, metrics, self._cdi_problem)
+        self.publisher = SlicePublisher(api, driver, node, metrics, sharing=settings.dra_sharing == "capacity")
+        self.driver = DraDriver(driver, node, self._lookup, api, metrics, self._cdi_problem, self._claims_changed)
         self.health = HealthBoard()
         self.registration = RegistrationServicer(
             driver, settings.socket, lambda registered: metrics.registered.set(int(registered))
         )
+        # Told after every prepare and unprepare answered (the PodResources watch lists then).
+        self.claim_listeners: list[Callable[[], None]] = []
         self._resources: tuple[ResourceConfig, ...] = ()
+        self._names: dict[str, str] = {}  # every device name a configured resource may publish -> the resource
         self._servers: list[UnixServer] = []
         # Device name -> resource, of every present resource's devices in the configured
         # model: a claim the scheduler allocated just before a fallback to slots still prepares.
@@ -88,13 +90,26 @@ class DraPlugin:
         return "" if resource is None else self.cdi_problem(resource)
 
     def _devices(self, resource: ResourceConfig, shared: bool) -> list[SliceDevice]:
-        return resource_devices(resource.name, resource.units, self.settings.slots, shared)
+        return resource_devices(resource.name, resource.units, self.settings.dra_slots, shared)
+
+    def device_resources(self) -> dict[str, str]:
+        """Every device a configured resource may publish (present or not, shared or a
+        slot), by name, with its resource."""
+        return self._names
+
+    def _configured(self, resources: tuple[ResourceConfig, ...]) -> None:
+        self._resources = resources
+        self._names = {d.name: d.resource for r in resources for d in self._devices(r, shared=True)}
+
+    def _claims_changed(self) -> None:
+        for listener in self.claim_listeners:
+            listener()
 
     # --- the component --------------------------------------------------------------
 
     async def start(self, resources: tuple[ResourceConfig, ...], guard: Guard) -> None:
         """Raises host.sockets.ServeError when a socket cannot be served."""
-        self._resources = resources
+        self._configured(resources)
         sockets: list[tuple[str, Callable[[grpc.aio.Server], None]]] = [
             (self.settings.socket, self._add_node_services),
             (self.settings.registration_socket, lambda server: registration.add_to_server(self.registration, server)),
@@ -138,22 +153,14 @@ class DraPlugin:
             return False, "resource slices not yet published"
         return True, "DRA driver registered, slices published"
 
-    def liveness(self) -> tuple[bool, str]:
-        return True, ""
-
-    def watches(self) -> Watches:
-        return Watches()
-
-    def on_fs_events(self, batch: Sequence[FsEvent]) -> None:
-        pass
-
     async def on_resources(self, resources: tuple[ResourceConfig, ...]) -> None:
-        self._resources = resources  # published at the discovery that follows
+        self._configured(resources)  # published at the discovery that follows
 
     def on_discovery(self, found: Mapping[str, Discovery]) -> None:
-        """Publishes the resources whose device nodes are all present (their CDI specs are
-        written by then), and reports every resource's devices healthy or not."""
-        shared = self.settings.sharing == "capacity"
+        """Publishes the resources whose device nodes are all present (the CDI specs follow
+        the same discovery before the publisher's task runs), and reports every resource's
+        devices healthy or not."""
+        shared = self.settings.dra_sharing == "capacity"
         present = [r for r in self._resources if found[r.name].complete]
         wanted = [d for r in present for d in self._devices(r, shared)]
         self._present = {d.name: d.resource for d in wanted}

@@ -16,7 +16,7 @@ import grpc
 
 from ate_devplugin.api.pluginregistration.v1 import api_pb2 as pb
 from ate_devplugin.api.pluginregistration.v1 import api_pb2_grpc
-from ate_devplugin.observability.logs import clip
+from ate_devplugin.observability.logs import SaidOnce, clip
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class RegistrationServicer(api_pb2_grpc.RegistrationServicer):
         self.endpoint = endpoint  # the DRA service socket, as the kubelet sees it
         self.registered: bool | None = None  # None until the kubelet told us
         self.error = ""  # clipped
-        self._logged: dict[str, None] = {}  # the refusals logged, oldest first
+        self._refusals = SaidOnce(REMEMBERED_ERRORS)
 
     async def GetInfo(
         self, request: pb.InfoRequest, context: grpc.aio.ServicerContext[object, object]
@@ -50,12 +50,9 @@ class RegistrationServicer(api_pb2_grpc.RegistrationServicer):
         self.registered, self.error = request.plugin_registered, clip(request.error)
         self.on_status(request.plugin_registered)
         if request.plugin_registered:
-            self._logged.clear()
+            self._refusals.over()
             log.info("registered with the kubelet as a DRA driver", extra={"driver": self.driver})
-        elif self.error not in self._logged:
-            self._logged[self.error] = None
-            if len(self._logged) > REMEMBERED_ERRORS:
-                del self._logged[next(iter(self._logged))]
+        elif self._refusals.new(self.error):
             log.error("the kubelet refused the DRA driver: %s", self.error, extra={"driver": self.driver})
         return pb.RegistrationStatusResponse()
 

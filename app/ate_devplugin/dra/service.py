@@ -83,7 +83,8 @@ class ClaimResult:
 
 class DraDriver:
     """The version-free logic; ``lookup`` maps a published device name to its CDI device ID,
-    ``cdi_problem`` says why that device's CDI spec is not on disk ("" when it is)."""
+    ``cdi_problem`` says why that device's CDI spec is not on disk ("" when it is),
+    ``changed`` hears of every prepare and unprepare answered."""
 
     def __init__(
         self,
@@ -93,8 +94,10 @@ class DraDriver:
         claims: ClaimReader,
         metrics: DraMetrics,
         cdi_problem: Callable[[str], str] = lambda _: "",
+        changed: Callable[[], None] = lambda: None,
     ) -> None:
         self.driver = driver
+        self.changed = changed
         self.pool = pool
         self.lookup = lookup
         self.cdi_problem = cdi_problem
@@ -109,6 +112,7 @@ class DraDriver:
             if not result.error:
                 self.prepared.add(ref.uid)
         self.metrics.claims_prepared.set(len(self.prepared))
+        self.changed()
         return {ref.uid: result for ref, result in zip(refs, results, strict=True)}
 
     async def _prepare_within_bounds(self, refs: list[ClaimRef]) -> list[ClaimResult]:
@@ -135,6 +139,7 @@ class DraDriver:
             self.prepared.discard(ref.uid)
             self.metrics.claims.labels("NodeUnprepareResources", "success").inc()
         self.metrics.claims_prepared.set(len(self.prepared))
+        self.changed()
         return {ref.uid: ClaimResult() for ref in refs}
 
     async def _prepare_one(self, ref: ClaimRef) -> ClaimResult:

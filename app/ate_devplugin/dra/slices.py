@@ -10,10 +10,14 @@ A KVM device is shared, in two ways at once (docs/dra.md says why both):
   than one device (N units are N distinct devices) and for API servers that drop
   ``allowMultipleAllocations`` (DRAConsumableCapacity off, the default before 1.36).
 
-All of them map to the resource's one CDI device. The publisher reads back what the API
-server stored: once it has dropped the field, only the slots are published from then on
-(logged, ``ate_devplugin_dra_sharing``). A resource whose device nodes are missing
-publishes no devices.
+All of them map to the resource's one CDI device, and carry the same attributes (the
+resource's name and, for KVM, the node's virtualisation facts: dra/attributes.py) and the
+same taints (a KVM resource that fails its probe: dra/taints.py). The publisher reads back
+what the API server stored: once it has dropped ``allowMultipleAllocations``, only the
+slots are published from then on (logged, ``ate_devplugin_dra_sharing``); once it has
+dropped ``taints`` (DRADeviceTaints off), devices are published without them (logged,
+``ate_devplugin_dra_taints_dropped``), so what is wanted and what is held agree again. A
+resource whose device nodes are missing publishes no devices.
 
 The kubelet deletes every slice of its node when it starts, and after 30 s without a
 connected driver: the publisher watches its slices and writes them again whenever what
@@ -37,6 +41,7 @@ while the list was under way looks missing and is created twice.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import random
@@ -45,13 +50,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ate_devplugin.dra import attributes as typed
+from ate_devplugin.dra.taints import DeviceTaint
+from ate_devplugin.kvm.attributes import Value
 from ate_devplugin.observability.logs import reason
 from ate_devplugin.observability.metrics import DraMetrics
 from ate_devplugin.tasks import Backoff, Guard, cancel
 
 log = logging.getLogger(__name__)
 
-MAX_DEVICES_PER_SLICE = 128  # the API server's limit for plain devices
+MAX_DEVICES_PER_SLICE = 128  # the API server's limit for plain devices ...
+MAX_TAINTED_DEVICES_PER_SLICE = 64  # ... and for a slice in which any device has taints
 RESOURCE_ATTRIBUTE = "resource"  # the resource name, e.g. ate.dev/kvm; DeviceClass selectors match it
 SHARES = "shares"  # the shareable device's consumable capacity: one share per claim by default
 _NOT_LABEL = re.compile(r"[^a-z0-9-]+")
@@ -82,19 +91,25 @@ class SliceApi(Protocol):
 @dataclass(frozen=True)
 class SliceDevice:
     """One published device: a slot (``shares`` 0, one claim) or the resource's shareable
-    device (``shares`` > 0: that many shares, one per claim unless a claim asks for more)."""
+    device (``shares`` > 0: that many shares, one per claim unless a claim asks for more),
+    with the resource's attributes (besides ``resource``) and taints."""
 
     name: str
     resource: str
     shares: int = 0
+    attributes: tuple[tuple[str, Value], ...] = ()
+    taints: tuple[DeviceTaint, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        device: dict[str, Any] = {"name": self.name, "attributes": {RESOURCE_ATTRIBUTE: {"string": self.resource}}}
+        named = {RESOURCE_ATTRIBUTE: self.resource, **dict(self.attributes)}
+        device: dict[str, Any] = {"name": self.name, "attributes": typed.to_json(named, 1 if self.shares else 0)}
         if self.shares:
             units = str(self.shares)
             device["allowMultipleAllocations"] = True
             policy = {"default": "1", "validRange": {"min": "1", "max": units, "step": "1"}}
             device["capacity"] = {SHARES: {"value": units, "requestPolicy": policy}}
+        if self.taints:
+            device["taints"] = [t.to_json() for t in self.taints]
         return device
 
 
@@ -112,11 +127,23 @@ def shared_device_name(resource: str) -> str:
     return _label(resource)
 
 
-def resource_devices(resource: str, units: int, slots: int, shared: bool) -> list[SliceDevice]:
+def resource_devices(
+    resource: str,
+    units: int,
+    slots: int,
+    shared: bool,
+    attributes: Mapping[str, Value] | None = None,
+    taints: Sequence[DeviceTaint] = (),
+) -> list[SliceDevice]:
     """What one resource publishes: its shareable device first (the scheduler tries devices
-    in slice order, so single-device claims share it), then its slots."""
-    first = [SliceDevice(shared_device_name(resource), resource, units)] if shared else []
-    return first + [SliceDevice(device_name(resource, i), resource) for i in range(slots)]
+    in slice order, so single-device claims share it), then its slots; each with the
+    resource's attributes and taints."""
+    extra = tuple((attributes or {}).items())
+    if any(name == RESOURCE_ATTRIBUTE for name, _ in extra):
+        raise ValueError(f"the attribute {RESOURCE_ATTRIBUTE!r} is the resource's name")
+    marks = tuple(taints)
+    first = [SliceDevice(shared_device_name(resource), resource, units, extra, marks)] if shared else []
+    return first + [SliceDevice(device_name(resource, i), resource, 0, extra, marks) for i in range(slots)]
 
 
 def sharing_dropped(wanted: Sequence[dict[str, Any]], stored: Sequence[dict[str, Any]]) -> bool:
@@ -126,10 +153,19 @@ def sharing_dropped(wanted: Sequence[dict[str, Any]], stored: Sequence[dict[str,
     return any(d.get("allowMultipleAllocations") and kept.get(d["name"]) is False for d in wanted)
 
 
+def taints_dropped(wanted: Sequence[dict[str, Any]], stored: Sequence[dict[str, Any]]) -> bool:
+    """Whether the API server stored a device we wrote with taints without them (it drops
+    the field while DRADeviceTaints is off)."""
+    kept = {d.get("name"): bool(d.get("taints")) for d in stored}
+    return any(d.get("taints") and kept.get(d["name"]) is False for d in wanted)
+
+
 def chunks(devices: Sequence[SliceDevice]) -> list[list[dict[str, Any]]]:
-    """The devices, in order, split into slices; an empty pool is still one (empty) slice."""
+    """The devices, in order, split into slices (smaller ones when any device has taints:
+    the API's limit); an empty pool is still one (empty) slice."""
     items = [d.to_json() for d in devices]
-    return [items[i : i + MAX_DEVICES_PER_SLICE] for i in range(0, len(items), MAX_DEVICES_PER_SLICE)] or [[]]
+    size = MAX_TAINTED_DEVICES_PER_SLICE if any(d.taints for d in devices) else MAX_DEVICES_PER_SLICE
+    return [items[i : i + size] for i in range(0, len(items), size)] or [[]]
 
 
 def _content(item: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -211,6 +247,7 @@ class SlicePublisher:
         # Whether shareable devices are published: False from the start with slots only,
         # and from the moment the API server is seen dropping allowMultipleAllocations.
         self.sharing = sharing
+        self.taints = True  # whether taints are published: until the API server is seen dropping them
         self.wanted: tuple[SliceDevice, ...] = ()  # what the driver asked for
         self.devices: tuple[SliceDevice, ...] = ()  # what is published of it
         self.generation = 0  # the last one written
@@ -226,15 +263,32 @@ class SlicePublisher:
         self._set_sharing_metric()
 
     def publish(self, devices: Sequence[SliceDevice]) -> None:
-        """The devices to publish from now on; shareable ones only while sharing is on."""
+        """The devices to publish from now on; shareable ones only while sharing is on,
+        their taints only while the API server keeps them."""
         self.wanted = tuple(devices)
-        published = tuple(d for d in self.wanted if self.sharing or not d.shares)
+        published = tuple(
+            d if self.taints or not d.taints else dataclasses.replace(d, taints=())
+            for d in self.wanted
+            if self.sharing or not d.shares
+        )
         if published == self.devices:
             return
-        for resource in {d.resource for d in (*self.devices, *published)}:
+        for resource in {d.resource for d in (*self.devices, *self.wanted)}:
             self.metrics.slice_devices.labels(resource).set(sum(1 for d in published if d.resource == resource))
+            tainted = sum(1 for d in published if d.resource == resource and d.taints)
+            self.metrics.tainted_devices.labels(resource).set(tainted)
         self.devices = published
         self._changed()
+
+    def _taints_dropped(self) -> None:
+        log.warning(
+            "the API server dropped the devices' taints (DRADeviceTaints is off): publishing devices without "
+            "them; a device that fails its probe is still reported unhealthy to the kubelet",
+            extra={"driver": self.driver, "node": self.node},
+        )
+        self.taints = False
+        self.metrics.taints_dropped.set(1)
+        self.publish(self.wanted)
 
     def _sharing_dropped(self) -> None:
         log.warning(
@@ -404,6 +458,9 @@ class SlicePublisher:
             self.observed[record.name] = self._written[record.name] = record
             if self.sharing and sharing_dropped(devices, _content(written)):
                 self._sharing_dropped()  # the next pass publishes the slots alone
+                return
+            if self.taints and taints_dropped(devices, _content(written)):
+                self._taints_dropped()  # the next pass publishes the devices without taints
                 return
         log.info(
             "resource slices published",

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ate_devplugin.host.watcher import FsEvent, Watches
+from ate_devplugin.observability.logs import SaidOnce
 from ate_devplugin.tasks import Backoff
 
 if TYPE_CHECKING:
@@ -161,6 +162,7 @@ class CdiSpecs:
         self._written: dict[str, _OnDisk] = {}  # resource name -> what this writer put on disk
         self._wanted: dict[str, bytes] = {}  # resource name -> the content its spec must have
         self._problems: dict[str, str] = {}  # resource name -> why its spec is not in place
+        self._said = SaidOnce()  # per resource
         self._resources: tuple[ResourceConfig, ...] = ()
         self._stale = True  # the directory may have changed since it was last looked at
         self._backoff = Backoff(RETRY_INITIAL_S, RETRY_CAP_S)
@@ -182,9 +184,6 @@ class CdiSpecs:
         if self._problems:
             name = min(self._problems)
             return False, f"CDI spec of {name} not in place: {self._problems[name]}"
-        return True, ""
-
-    def liveness(self) -> tuple[bool, str]:
         return True, ""
 
     def watches(self) -> Watches:
@@ -235,11 +234,6 @@ class CdiSpecs:
 
     # --- keeping the files ------------------------------------------------------------
 
-    @property
-    def resources(self) -> set[str]:
-        """The resources whose spec file this writer put in place."""
-        return set(self._written)
-
     def path(self, resource_name: str) -> str:
         return os.path.join(self.cdi_dir, spec_file_name(resource_name))
 
@@ -265,18 +259,11 @@ class CdiSpecs:
         self._retry = None
         self.sync()
 
-    def write(self, resource: ResourceConfig, nodes: Sequence[DeviceNode]) -> bool:
-        """Puts the resource's spec in place for these nodes (no node: its file goes). False on failure."""
-        if not nodes:
-            self._wanted.pop(resource.name, None)
-            return self.remove(resource.name)
-        self._wanted[resource.name] = content = _encode(spec(resource, nodes))
-        return self._put(resource.name, content)
-
     def remove(self, resource_name: str) -> bool:
         """Removes the resource's spec file, if this writer put one there. False on failure."""
         self._wanted.pop(resource_name, None)
         self._problems.pop(resource_name, None)
+        self._said.over(resource_name)
         return self._take_away(resource_name)
 
     def remove_all(self) -> bool:
@@ -349,12 +336,13 @@ class CdiSpecs:
             os.close(dfd)
 
     def _resolved(self, name: str) -> None:
-        if self._problems.pop(name, None) is not None:
+        self._problems.pop(name, None)
+        if self._said.over(name):
             log.info("CDI spec in place again", extra={"resource": name, "path": self.path(name)})
 
     def _failed(self, name: str, action: str, why: str, level: int = logging.ERROR) -> bool:
         self._count(name, action, "failure")
-        if self._problems.get(name) != why:  # the same failure again and again is logged once
+        if self._said.new(why, name):  # the same failure again and again is logged once
             log.log(level, "CDI spec not in place: %s", why, extra={"resource": name})
         self._problems[name] = why
         return False

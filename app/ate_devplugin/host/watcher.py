@@ -52,6 +52,9 @@ Identity = tuple[int, int]  # st_dev, st_ino
 _HEADER = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; the name follows
 # Hundreds of events a read; the kernel never splits one.
 _READ_BYTES = 64 * 1024
+# Plans made again in one watch() while planned paths vanish before their watch: each
+# time the plan moves up at least one directory, so this bounds it for any real path.
+_REPLANS = 32
 
 
 @dataclass(frozen=True)
@@ -213,28 +216,52 @@ class Watcher:
     def watch(self, watches: Watches) -> None:
         """Watches what ``watches`` says from now on. A socket watched under a new identity
         (first seen, or bound anew) is reported as made unless its making was awaited: it
-        may have been made while nothing watched for it."""
+        may have been made while nothing watched for it. A path removed between planning
+        and its watch is reported as removed, and the plan made again, so that its nearest
+        ancestor is watched: nothing is left unwatched by the race."""
+        for _ in range(_REPLANS):
+            vanished = self._apply(watches)
+            if not vanished:
+                return
+            for path in vanished:
+                self._put(FsEvent("deleted", path, "", path not in self._sockets))
+        log.warning("watched paths kept vanishing while being watched; the next event plans again")
+
+    def _apply(self, watches: Watches) -> list[str]:
+        """Arms the watches of one plan; returns the planned paths gone before their watch."""
         awaited = self._awaited
         self._plan, self._sockets = plan(watches), watches.sockets
         self._awaited = self._plan.awaited
         wanted = self._plan.masks
         for path, (_, ident, _) in list(self._watches.items()):
-            if path not in wanted or self._identity(path) != ident:
+            if path in wanted and self._identity(path) != ident:
                 self._remove(path)
+        vanished = []
         for path, mask in wanted.items():
             found = self._identity(path)
             known = self._watches.get(path)
-            if found is None or (known is not None and known[1:] == (found, mask)):
+            if found is None:
+                vanished.append(path)
+                continue
+            if known is not None and known[1:] == (found, mask):
                 continue
             # A new watch, or the same one with another mask (inotify keeps its descriptor).
             wd = inotify_add_watch(self._fd, os.fsencode(path), mask)
             if wd < 0:
-                log.warning("cannot watch %s: %s", path, os.strerror(ctypes.get_errno()))
+                code = ctypes.get_errno()
+                if code in (errno.ENOENT, errno.ENOTDIR):
+                    vanished.append(path)
+                else:
+                    log.warning("cannot watch %s: %s", path, os.strerror(code))
                 continue
             self._watches[path] = (wd, found, mask)
             self._paths[wd] = (path, path not in self._sockets)
             if path in self._sockets and known is None and path not in awaited:
                 self._put(FsEvent("created", path, "", False))
+        # Old watches end only once the new ones are armed: no moment watches neither.
+        for path in [p for p in self._watches if p not in wanted]:
+            self._remove(path)
+        return vanished
 
     def forget(self, removed: str) -> None:
         """Drops the watches of a removed directory and of everything below it.

@@ -81,10 +81,12 @@ class HttpServer:
     def start(self) -> None:
         self._thread.start()
 
-    def close(self) -> None:
+    def close(self, deadline_s: float = LOOP_DEADLINE_S) -> None:
+        """Stops the endpoint, waiting at most ``deadline_s`` for its thread (a daemon thread:
+        one still busy then does not hold the exit)."""
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(LOOP_DEADLINE_S)
+            self._thread.join(deadline_s)
         elif self._thread.ident is None:  # never started
             self._loop.close()
         self._sock.close()

@@ -28,6 +28,30 @@ def reason(exc: BaseException) -> str:
     return clip(str(exc) or type(exc).__name__)
 
 
+class SaidOnce:
+    """A failure logged once while it lasts: the same one again is not new, another one is,
+    and once it is over the next is new again. Per ``key`` (e.g. a resource), remembering the
+    last ``remember`` failures of each (a peer that alternates between two is not news)."""
+
+    def __init__(self, remember: int = 1) -> None:
+        self.remember = remember
+        self._said: dict[str, dict[str, None]] = {}  # key -> failures said, oldest first
+
+    def new(self, failure: str, key: str = "") -> bool:
+        """Whether ``failure`` is news (to be logged); remembers it."""
+        said = self._said.setdefault(key, {})
+        if failure in said:
+            return False
+        said[failure] = None
+        while len(said) > self.remember:
+            del said[next(iter(said))]
+        return True
+
+    def over(self, key: str = "") -> bool:
+        """The failure ended; whether one had been said (to log that it is over)."""
+        return self._said.pop(key, None) is not None
+
+
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
     return {k: v for k, v in vars(record).items() if k not in _STANDARD}
 

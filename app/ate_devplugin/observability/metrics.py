@@ -205,6 +205,18 @@ class DraMetrics:
             ["model"],
             registry=r,
         )
+        self.tainted_devices = Gauge(
+            f"{PREFIX}_dra_tainted_devices",
+            "Devices this node publishes with a taint (the resource failed its KVM probe), by resource.",
+            ["resource_name"],
+            registry=r,
+        )
+        self.taints_dropped = Gauge(
+            f"{PREFIX}_dra_taints_dropped",
+            "1 once the API server was seen dropping device taints (DRADeviceTaints off): devices are "
+            "published without them.",
+            registry=r,
+        )
         self.health_streams = Gauge(
             f"{PREFIX}_dra_health_streams",
             "Device health streams the kubelet holds open (NodeWatchResources), by service version.",
@@ -225,15 +237,15 @@ class DraMetrics:
                 self.slice_writes.labels(op, result)
 
 
-# --- pods holding units (podresources.py) ---------------------------------------------
+# --- pods holding units (podresources/) -----------------------------------------------
 
 POD_RESOURCES_RESULTS = ("success", "unavailable", "timeout", "error")
 
 
 class PodResourcesMetrics:
-    """The series of podresources.py, on the daemon's registry; made only when it runs.
+    """The series of the PodResources watch (podresources/), on the daemon's registry; made only when it runs.
 
-    ``pod_units`` names pods: bounded by podresources.MAX_SERIES, what is over it counted.
+    ``pod_units`` names pods: bounded by podresources.watch.MAX_SERIES, what is over it counted.
     Its ``namespace``, ``pod`` and ``container`` labels are the consumer's; the chart's
     ServiceMonitor and PodMonitor honour them over the scrape target's.
     """

@@ -14,7 +14,7 @@ from ate_devplugin.config import ResourceConfig
 from ate_devplugin.deviceplugin.agent import ResourceAgent
 from ate_devplugin.host.devices import DeviceNode, Discovery
 from ate_devplugin.observability.metrics import Metrics
-from ate_devplugin.settings import Timing, resolve
+from ate_devplugin.settings import DevicePluginSettings, Timing, resolve
 from ate_devplugin.tasks import Guard
 from tests.unit.fakes import FakeClock, FakeFs, FakeKubelet, FakeServer, fake_ports, until
 
@@ -22,7 +22,7 @@ KUBELET = "/plugins/kubelet.sock"
 KVM = ResourceConfig(name="ate.dev/kvm", devices=("/dev/kvm",))
 FOUND = Discovery(nodes=(DeviceNode("/dev/kvm", 10, 232),), complete=True)
 TIMING = Timing(agent_stop_s=0.5, server_stop_grace_s=0.0)
-SETTINGS = replace(resolve({"plugin_dir": "/plugins"}, {}), timing=TIMING).for_device_plugin()
+SETTINGS = replace(resolve({"plugin_dir": "/plugins"}, {}), timing=TIMING).part(DevicePluginSettings)
 
 
 class World:
@@ -103,10 +103,24 @@ async def test_registration_failures_back_off_then_succeed(world: World) -> None
     await world.agent.stop()
 
 
-async def test_a_serve_failure_is_retried_after_a_backoff(world: World) -> None:
-    world.server.fail_starts = 2
+async def test_a_serve_failure_is_retried_after_a_backoff(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each retry waits its backoff (on the fake clock): the first delay drawn from
+    [initial/2, initial], the next from twice that."""
+    server, tries = world.server, []
+    serve = server.start
+
+    async def timed() -> None:
+        tries.append(world.clock.now)
+        await serve()
+
+    monkeypatch.setattr(server, "start", timed)
+    server.fail_starts = 2
     await started(world)
-    assert world.server.starts == 3
+    assert server.starts == 3
+    initial = TIMING.backoff_initial_s
+    first, second = tries[1] - tries[0], tries[2] - tries[1]
+    assert initial / 2 <= first <= initial
+    assert initial <= second <= 2 * initial
     await world.agent.stop()
 
 

@@ -10,11 +10,11 @@ from prometheus_client import CollectorRegistry
 
 from ate_devplugin.deviceplugin.plugin import DevicePlugin
 from ate_devplugin.observability.metrics import Metrics
-from ate_devplugin.settings import resolve
+from ate_devplugin.settings import DevicePluginSettings, resolve
 from tests.unit.fakes import FakeClock, FakeFs, FakeKubelet, fake_ports
 
 KUBELET = "/plugins/kubelet.sock"
-SETTINGS = resolve({"plugin_dir": "/plugins"}, {}).for_device_plugin()
+SETTINGS = resolve({"plugin_dir": "/plugins"}, {}).part(DevicePluginSettings)
 
 
 def test_the_plugin_says_where_it_waits_for_the_kubelet_at_info_once_then_at_debug(

@@ -64,7 +64,5 @@ ROWS = [
 
 @pytest.mark.parametrize(("why", "observed", "action", "until"), ROWS, ids=[r[0] for r in ROWS])
 def test_decide(why: str, observed: Observed, action: Action, until: float | None) -> None:
-    decision = decide(observed)
-    assert (decision.action, decision.until) == (action, until), why
-    assert isinstance(decision, Decision)
-    assert decision.why
+    """The whole decision: what to do, and until when to wait."""
+    assert decide(observed) == Decision(action, until), why

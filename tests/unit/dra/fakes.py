@@ -19,6 +19,7 @@ class FakeApi:
         self.slices: dict[str, dict[str, Any]] = {}
         self.fail_writes = 0  # the next N writes fail
         self.consumable_capacity = True  # False: drops what DRAConsumableCapacity adds, as 1.35 does
+        self.device_taints = True  # False: drops devices' taints, as 1.35 does (DRADeviceTaints off)
         self.claim_error: Exception | None = None
         self.writes: list[str] = []
         self.lists = 0
@@ -139,6 +140,9 @@ class FakeApi:
                 device.pop("allowMultipleAllocations", None)
                 for capacity in (device.get("capacity") or {}).values():
                     capacity.pop("requestPolicy", None)
+        if not self.device_taints:
+            for device in item["spec"].get("devices") or []:
+                device.pop("taints", None)
         return item
 
     async def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -39,7 +39,7 @@ async def test_the_kubelet_sees_every_device_and_each_change_at_once(tmp_path: P
     try:
         rig.plugin.on_discovery(PRESENT)
         version = pb.DESCRIPTOR.package
-        async with rig.channel(rig.settings.dra_socket) as channel:
+        async with rig.channel(rig.settings.socket) as channel:
             stream = grpc_mod.DRAResourceHealthStub(channel).NodeWatchResources(pb.NodeWatchResourcesRequest())
             first = await stream.read()
             before = time.time()

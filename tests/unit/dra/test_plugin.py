@@ -27,7 +27,7 @@ from ate_devplugin.dra.service import MAX_CLAIMS_PER_CALL, ClaimRef
 from ate_devplugin.host.devices import DeviceNode, Discovery
 from ate_devplugin.observability.logs import MAX_REASON
 from ate_devplugin.observability.metrics import DraMetrics
-from ate_devplugin.settings import DRA_DRIVER, Settings, resolve
+from ate_devplugin.settings import DRA_DRIVER, DraSettings, Settings, resolve
 from ate_devplugin.tasks import Guard
 from tests.unit.dra.fakes import FakeApi, cdi_id
 from tests.unit.fakes import until
@@ -63,12 +63,12 @@ SHARED = "ate-dev-kvm"
 
 class Rig:
     def __init__(self, tmp_path: Path, consumable_capacity: bool = True, **flags: str) -> None:
-        self.settings = dra_settings(tmp_path, **flags)
+        self.settings = dra_settings(tmp_path, **flags).part(DraSettings)
         self.api = FakeApi()
         self.registry = CollectorRegistry()
         self.cdi_problems: dict[str, str] = {}  # resource -> why its CDI spec is not on disk
         self.plugin = DraPlugin(
-            self.settings.for_dra(),
+            self.settings,
             self.api,
             cdi_id,
             DraMetrics(self.registry),
@@ -114,7 +114,7 @@ async def test_registration_tells_the_kubelet_the_driver_and_every_version(rig: 
     async with rig.channel(sock) as channel:
         stub = reg_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
         info = await stub.GetInfo(reg.InfoRequest())
-        assert (info.type, info.name, info.endpoint) == ("DRAPlugin", DRA_DRIVER, rig.settings.dra_socket)
+        assert (info.type, info.name, info.endpoint) == ("DRAPlugin", DRA_DRIVER, rig.settings.socket)
         assert list(info.supported_versions) == [
             "v1.DRAPlugin",
             "v1beta1.DRAPlugin",
@@ -135,7 +135,7 @@ async def test_prepare_answers_the_cdi_device_of_each_allocated_slot(rig: Rig, p
     rig.api.add_claim("ns", "one", "u1", allocated("ate-dev-kvm-0", request="kvm/fast"))
     rig.api.add_claim("ns", "two", "u2", allocated("ate-dev-kvm-3") + allocated("gpu-0", driver="other.example"))
     claims = [pb.Claim(namespace="ns", uid="u1", name="one"), pb.Claim(namespace="ns", uid="u2", name="two")]
-    async with rig.channel(rig.settings.dra_socket) as channel:
+    async with rig.channel(rig.settings.socket) as channel:
         stub = grpc_mod.DRAPluginStub(channel)
         for _ in range(2):  # again, as after a kubelet restart: the same answer
             response = await stub.NodePrepareResources(pb.NodePrepareResourcesRequest(claims=claims))
@@ -167,7 +167,7 @@ async def test_prepare_fails_each_bad_claim_alone(rig: Rig) -> None:
     rig.api.add_claim("ns", "elsewhere", "u-e", allocated("ate-dev-kvm-1", pool="node-b"))
     names = {"ok": "u-ok", "pending": "u-p", "replaced": "u-old", "stray": "u-s", "elsewhere": "u-e", "gone": "u-g"}
     claims = [v1.Claim(namespace="ns", uid=uid, name=name) for name, uid in names.items()]
-    async with rig.channel(rig.settings.dra_socket) as channel:
+    async with rig.channel(rig.settings.socket) as channel:
         response = await v1_grpc.DRAPluginStub(channel).NodePrepareResources(  # type: ignore[no-untyped-call]
             v1.NodePrepareResourcesRequest(claims=claims)
         )
@@ -244,18 +244,18 @@ async def test_many_slots_take_several_slices_and_failed_writes_are_retried(tmp_
 async def test_stop_removes_sockets_and_slices(rig: Rig) -> None:
     await rig.plugin.stop(2.0)
     assert not os.path.exists(rig.settings.registration_socket)
-    assert not os.path.exists(rig.settings.dra_socket)
+    assert not os.path.exists(rig.settings.socket)
     assert rig.api.slices == {}
     assert rig.api.closed
 
 
 async def test_a_stale_socket_is_replaced(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
-    os.makedirs(os.path.dirname(rig.settings.dra_socket))
-    Path(rig.settings.dra_socket).write_text("left behind")
+    os.makedirs(os.path.dirname(rig.settings.socket))
+    Path(rig.settings.socket).write_text("left behind")
     await rig.start()
     try:
-        async with rig.channel(rig.settings.dra_socket) as channel:
+        async with rig.channel(rig.settings.socket) as channel:
             response = await v1_grpc.DRAPluginStub(channel).NodeUnprepareResources(  # type: ignore[no-untyped-call]
                 v1.NodeUnprepareResourcesRequest(claims=[v1.Claim(namespace="n", uid="u", name="c")])
             )
@@ -272,7 +272,7 @@ async def test_a_call_with_too_many_claims_reads_the_first_and_refuses_each_of_t
     for i in range(count):
         rig.api.add_claim("ns", f"c{i}", f"u{i}", allocated("ate-dev-kvm-0"))
     claims = [v1.Claim(namespace="ns", uid=f"u{i}", name=f"c{i}") for i in range(count)]
-    async with rig.channel(rig.settings.dra_socket) as channel:
+    async with rig.channel(rig.settings.socket) as channel:
         response = await v1_grpc.DRAPluginStub(channel).NodePrepareResources(  # type: ignore[no-untyped-call]
             v1.NodePrepareResourcesRequest(claims=claims)
         )
@@ -342,7 +342,7 @@ async def test_a_huge_registration_error_is_clipped_and_logged_once(rig: Rig, ca
 async def test_stop_is_bounded_when_the_api_server_does_not_answer(rig: Rig) -> None:
     rig.api.hang = True
     await rig.plugin.stop(3.0)  # returns: the slices are the kubelet's to delete now
-    assert not os.path.exists(rig.settings.dra_socket)
+    assert not os.path.exists(rig.settings.socket)
     assert rig.api.closed
 
 
@@ -359,7 +359,7 @@ async def test_prepare_answers_a_share_with_its_share_id_and_each_request_its_de
     )
     rig.api.add_claim("ns", "c", "uc", two + allocated(SLOTS[1], request="container-1-request-0"))
     claims = [pb.Claim(namespace="ns", uid=f"u{n}", name=n) for n in "abc"]
-    async with rig.channel(rig.settings.dra_socket) as channel:
+    async with rig.channel(rig.settings.socket) as channel:
         response = await grpc_mod.DRAPluginStub(channel).NodePrepareResources(
             pb.NodePrepareResourcesRequest(claims=claims)
         )
@@ -437,3 +437,25 @@ async def test_a_claim_is_not_prepared_while_its_cdi_spec_is_not_on_disk(rig: Ri
     del rig.cdi_problems[KVM.name]  # written again: the kubelet's retry prepares it
     [result] = (await rig.plugin.driver.prepare([ClaimRef("ns", "uc", "c")])).values()
     assert (result.error, [d.cdi_ids for d in result.devices]) == ("", [("ate.dev/kvm=kvm",)])
+
+
+async def test_who_reads_pods_hears_of_every_prepare_and_unprepare_and_knows_every_device(rig: Rig) -> None:
+    """The PodResources watch lists after each answered call, and maps claimed devices to
+    resources by name: every device a resource may publish, present or not."""
+    heard: list[str] = []
+    rig.plugin.claim_listeners.append(lambda: heard.append("changed"))
+    rig.api.add_claim("ns", "one", "u1", allocated("ate-dev-kvm-0"))
+    async with rig.channel(rig.settings.socket) as channel:
+        stub = v1_grpc.DRAPluginStub(channel)  # type: ignore[no-untyped-call]
+        await stub.NodePrepareResources(
+            v1.NodePrepareResourcesRequest(claims=[v1.Claim(namespace="ns", uid="u1", name="one")])
+        )
+        assert heard == ["changed"]
+        await stub.NodeUnprepareResources(
+            v1.NodeUnprepareResourcesRequest(claims=[v1.Claim(namespace="ns", uid="u1", name="one")])
+        )
+    assert heard == ["changed", "changed"]
+    expected = {SHARED: KVM.name, **dict.fromkeys(SLOTS, KVM.name)}
+    assert rig.plugin.device_resources() == expected
+    rig.plugin.on_discovery(ABSENT)  # unpublished: still known
+    assert rig.plugin.device_resources() == expected

@@ -9,6 +9,7 @@ import random
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from ate_devplugin.dra.kube import GONE, ApiError
@@ -22,7 +23,10 @@ from ate_devplugin.dra.slices import (
     next_generation,
     resource_devices,
     sharing_dropped,
+    taints_dropped,
 )
+from ate_devplugin.dra.taints import DeviceTaint
+from ate_devplugin.kvm.attributes import Value, Version
 from ate_devplugin.observability.metrics import DraMetrics
 from ate_devplugin.settings import DRA_DRIVER
 from ate_devplugin.tasks import Guard, cancel
@@ -306,3 +310,93 @@ async def test_a_watch_that_fails_lists_again() -> None:
         await until(lambda: api.watches == 2, "watching again")
         assert api.lists == 2
     assert api.writes == ["create"]
+
+
+# --- attributes and taints ----------------------------------------------------------
+
+TAINT = DeviceTaint("ate.dev/kvm-unhealthy", "not-a-kvm-device", "NoSchedule", "2026-12-03T10:00:00Z")
+FACTS: dict[str, Value] = {
+    "cpuModel": 167,
+    "kvmHardware": False,
+    "kvmImplementation": "pvm",
+    "kernelVersion": Version("6.18.44"),
+}
+
+
+def test_every_device_of_a_resource_carries_its_attributes_and_taints() -> None:
+    [[shared, slot]] = chunks(resource_devices(KVM, 4, 1, shared=True, attributes=FACTS, taints=[TAINT]))
+    attributes = {
+        "resource": {"string": KVM},
+        "cpuModel": {"int": 167},
+        "kvmHardware": {"bool": False},
+        "kvmImplementation": {"string": "pvm"},
+        "kernelVersion": {"version": "6.18.44"},
+    }
+    taints = [{"key": "ate.dev/kvm-unhealthy", "value": "not-a-kvm-device", "effect": "NoSchedule",
+               "timeAdded": "2026-12-03T10:00:00Z"}]  # fmt: skip
+    assert (shared["attributes"], shared["taints"]) == (attributes, taints)
+    assert slot == {"name": "ate-dev-kvm-0", "attributes": attributes, "taints": taints}
+    with pytest.raises(ValueError, match="the attribute 'resource' is the resource's name"):
+        resource_devices(KVM, 4, 1, shared=True, attributes={"resource": "x"})
+
+
+def test_a_slice_with_taints_holds_at_most_64_devices() -> None:
+    plain = chunks(resource_devices(KVM, 4, 200, shared=True))
+    tainted = chunks(resource_devices(KVM, 4, 200, shared=True, taints=[TAINT]))
+    assert [len(c) for c in plain] == [128, 73]
+    assert [len(c) for c in tainted] == [64, 64, 64, 9]
+
+
+def test_dropped_taints_are_seen_in_what_the_api_server_stored() -> None:
+    [wanted] = chunks(resource_devices(KVM, 4, 1, shared=True, taints=[TAINT]))
+    assert not taints_dropped(wanted, wanted)
+    stored = [{k: v for k, v in d.items() if k != "taints"} for d in wanted]  # 1.35: DRADeviceTaints off
+    assert taints_dropped(wanted, stored)
+    assert not taints_dropped(stored, stored)  # none wanted: nothing to drop
+    assert not taints_dropped(wanted, [])
+
+
+async def test_an_api_server_that_drops_taints_gets_the_devices_without_them_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    api = FakeApi()
+    api.device_taints = False
+    metrics = DraMetrics(CollectorRegistry())
+    pub = SlicePublisher(api, DRA_DRIVER, NODE, metrics, sleep=Sleeps(10**9))
+    pub.publish(resource_devices(KVM, 4, 2, shared=True, attributes=FACTS, taints=[TAINT]))
+    assert metrics.tainted_devices.labels(KVM)._value.get() == 3
+    async with running(pub):
+        await until(lambda: pub.synced.is_set(), "published without taints")
+        assert (pub.taints, metrics.taints_dropped._value.get()) == (False, 1)
+        assert metrics.tainted_devices.labels(KVM)._value.get() == 0
+        stored = [d for item in api.slices.values() for d in item["spec"]["devices"]]
+        assert [d["attributes"]["kvmImplementation"] for d in stored] == [{"string": "pvm"}] * 3
+        assert not any("taints" in d for d in stored)
+        writes = len(api.writes)
+        # The next verdict changes the taint: nothing to write, as none is published.
+        later = DeviceTaint(TAINT.key, "timed-out", "NoSchedule", TAINT.time_added)
+        pub.publish(resource_devices(KVM, 4, 2, shared=True, attributes=FACTS, taints=[later]))
+        await asyncio.sleep(0.05)
+        assert pub.synced.is_set()
+        assert len(api.writes) == writes
+    assert sum("dropped the devices' taints" in r.getMessage() for r in caplog.records) == 1
+
+
+async def test_a_taint_comes_and_goes_with_the_verdict_where_the_api_server_keeps_it() -> None:
+    api = FakeApi()
+    metrics = DraMetrics(CollectorRegistry())
+    pub = SlicePublisher(api, DRA_DRIVER, NODE, metrics, sleep=Sleeps(10**9))
+    pub.publish(resource_devices(KVM, 4, 1, shared=True, attributes=FACTS))
+    async with running(pub):
+        await until(lambda: pub.synced.is_set(), "published")
+        pub.publish(resource_devices(KVM, 4, 1, shared=True, attributes=FACTS, taints=[TAINT]))
+        await until(lambda: pub.synced.is_set(), "tainted")
+        stored = [d for item in api.slices.values() for d in item["spec"]["devices"]]
+        assert [d["taints"][0]["value"] for d in stored] == ["not-a-kvm-device"] * 2
+        assert metrics.tainted_devices.labels(KVM)._value.get() == 2
+        pub.publish(resource_devices(KVM, 4, 1, shared=True, attributes=FACTS))
+        await until(lambda: pub.synced.is_set(), "untainted")
+        stored = [d for item in api.slices.values() for d in item["spec"]["devices"]]
+        assert not any("taints" in d for d in stored)
+    assert (pub.taints, metrics.taints_dropped._value.get()) == (True, 0)
+    assert api.writes == ["create", "update", "update"]

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from ate_devplugin.config import MountConfig, ResourceConfig
 from ate_devplugin.host import cdi
 from ate_devplugin.host.cdi import CdiSpecs, _OnDisk, device_id, spec
-from ate_devplugin.host.devices import DeviceNode
+from ate_devplugin.host.devices import DeviceNode, Discovery
 from ate_devplugin.observability.metrics import Metrics
+from ate_devplugin.tasks import Guard
 
 KVM = ResourceConfig(name="ate.dev/kvm", devices=("/dev/kvm",), allocate="cdi")
 
@@ -77,99 +81,120 @@ def test_a_dot_in_the_class_needs_version_0_6_0() -> None:
 
 
 class Writer:
-    def __init__(self, tmp_path: Path) -> None:
+    """The CDI component on a temporary directory, driven as the daemon drives it."""
+
+    def __init__(self, tmp_path: Path, *resources: ResourceConfig) -> None:
         self.dir = tmp_path / "run" / "cdi"  # made by the first write
         self.metrics = Metrics(CollectorRegistry())
         self.specs = CdiSpecs(str(self.dir), self.metrics)
         self.file = self.dir / "ate.dev-kvm.json"
+        self.resources = resources or (KVM,)
+        self.nodes: dict[str, tuple[DeviceNode, ...]] = {}
 
-    def count(self, action: str, result: str) -> float:
+    async def discovered(self, nodes: Sequence[DeviceNode] = (KVM_NODE,), resource: str = KVM.name) -> bool:
+        """A discovery of ``nodes`` for ``resource`` (the others as before); whether every
+        spec is in place after it."""
+        await self.specs.on_resources(self.resources)
+        self.nodes[resource] = tuple(nodes)
+        self.specs.on_discovery({r.name: Discovery(self.nodes.get(r.name, ()), True) for r in self.resources})
+        return self.specs.readiness()[0]
+
+    def files(self) -> list[str]:
+        return sorted(os.listdir(self.dir)) if self.dir.exists() else []
+
+    def count(self, action: str, result: str, resource: str = "ate.dev/kvm") -> float:
         value = self.metrics.registry.get_sample_value(
-            "ate_devplugin_cdi_spec_updates_total", {"resource_name": "ate.dev/kvm", "action": action, "result": result}
+            "ate_devplugin_cdi_spec_updates_total", {"resource_name": resource, "action": action, "result": result}
         )
         return value or 0.0
 
 
-def test_write_puts_the_spec_in_place_and_rewrites_only_on_change(tmp_path: Path) -> None:
+async def test_a_discovery_puts_the_spec_in_place_and_rewrites_it_only_on_change(tmp_path: Path) -> None:
     w = Writer(tmp_path)
-    assert w.specs.write(KVM, [KVM_NODE])
+    assert await w.discovered([KVM_NODE])
     assert json.loads(w.file.read_text()) == spec(KVM, [KVM_NODE])
     assert w.file.stat().st_mode & 0o777 == 0o644
-    assert os.listdir(w.dir) == ["ate.dev-kvm.json"]  # no temp file left
+    assert w.files() == ["ate.dev-kvm.json"]  # no temp file left
     inode = w.file.stat().st_ino
 
-    assert w.specs.write(KVM, [KVM_NODE])  # the same: untouched
+    assert await w.discovered([KVM_NODE])  # the same: untouched
     assert w.file.stat().st_ino == inode
     assert w.count("write", "success") == 1
 
     nodes = [KVM_NODE, DeviceNode("/dev/kvm1", 10, 233)]
-    assert w.specs.write(KVM, nodes)  # replaced by rename: a new inode, never a partial file
+    assert await w.discovered(nodes)  # replaced by rename: a new inode, never a partial file
     assert w.file.stat().st_ino != inode
     assert json.loads(w.file.read_text()) == spec(KVM, nodes)
     assert w.count("write", "success") == 2
-    assert w.specs.resources == {"ate.dev/kvm"}
+    assert w.specs.cdi_ready("ate.dev/kvm")
 
 
-def test_no_node_present_means_no_spec(tmp_path: Path) -> None:
+async def test_no_node_present_means_no_spec(tmp_path: Path) -> None:
     w = Writer(tmp_path)
-    assert w.specs.write(KVM, [])  # never written: nothing to remove
+    assert await w.discovered([])  # never written: nothing to remove
     assert not w.dir.exists()
-    w.specs.write(KVM, [KVM_NODE])
-    assert w.specs.write(KVM, [])
+    assert await w.discovered([KVM_NODE])
+    assert await w.discovered([])
     assert not w.file.exists()
     assert w.count("remove", "success") == 1
-    assert w.specs.resources == set()
+    assert not w.specs.cdi_ready("ate.dev/kvm")
 
 
-def test_remove_all_removes_only_its_own_files(tmp_path: Path) -> None:
-    w = Writer(tmp_path)
+async def test_remove_all_removes_only_its_own_files(tmp_path: Path) -> None:
     tun = ResourceConfig(name="ate.dev/tun", devices=("/dev/net/tun",), allocate="both")
-    w.specs.write(KVM, [KVM_NODE])
-    w.specs.write(tun, [DeviceNode("/dev/net/tun", 10, 200)])
+    w = Writer(tmp_path, KVM, tun)
+    await w.discovered([KVM_NODE])
+    await w.discovered([DeviceNode("/dev/net/tun", 10, 200)], tun.name)
     (w.dir / "vendor-other.json").write_text("{}")
     w.file.unlink()  # gone already: fine
     assert w.specs.remove_all()
-    assert os.listdir(w.dir) == ["vendor-other.json"]
-    assert w.specs.resources == set()
+    assert w.files() == ["vendor-other.json"]
 
 
-def test_failures_are_counted_and_retried(tmp_path: Path) -> None:
+async def test_failures_are_counted_said_once_and_retried(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "ate_devplugin")
     w = Writer(tmp_path)
     w.dir.parent.mkdir()
     w.dir.write_text("not a directory")
-    assert not w.specs.write(KVM, [KVM_NODE])
+    assert not await w.discovered([KVM_NODE])
     assert w.count("write", "failure") == 1
-    assert w.specs.resources == set()
+    assert not w.specs.sync()  # tried again: counted again, not logged again
+    assert w.count("write", "failure") == 2
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("CDI spec not in place")] == [
+        f"CDI spec not in place: cannot write {w.file}: Not a directory"
+    ]
     w.dir.unlink()
-    assert w.specs.write(KVM, [KVM_NODE])  # the next discovery tries again
+    assert w.specs.sync()  # the retry (with backoff) finds it writable
     assert w.file.exists()
+    assert "CDI spec in place again" in [r.getMessage() for r in caplog.records]
 
     w.file.unlink()
     w.file.mkdir()  # unlink of a directory fails
     (w.file / "x").write_text("")
     assert not w.specs.remove("ate.dev/kvm")
     assert w.count("remove", "failure") == 1
-    assert w.specs.resources == {"ate.dev/kvm"}
+    await w.specs.stop(1.0)
 
 
-def test_a_failed_write_leaves_no_temp_file(tmp_path: Path) -> None:
+async def test_a_failed_write_leaves_no_temp_file(tmp_path: Path) -> None:
     w = Writer(tmp_path)
     w.dir.mkdir(parents=True)
     w.file.mkdir()  # rename onto a directory fails after the temp file was written
-    assert not w.specs.write(KVM, [KVM_NODE])
-    assert os.listdir(w.dir) == ["ate.dev-kvm.json"]
+    assert not await w.discovered([KVM_NODE])
+    assert w.files() == ["ate.dev-kvm.json"]
+    await w.specs.stop(1.0)
 
 
-def test_the_directory_is_watched_from_the_start_when_a_resource_uses_cdi(tmp_path: Path) -> None:
+async def test_the_directory_is_watched_from_the_start_when_a_resource_uses_cdi(tmp_path: Path) -> None:
     w = Writer(tmp_path)
     assert w.specs.watches().dirs == frozenset()
-    w.specs._resources = (KVM,)  # as start() leaves it, before the first discovery
+    await w.specs.start((KVM,), Guard(lambda name, error: None))  # before the first discovery
     assert w.specs.watches().dirs == {str(w.dir)}
 
 
-def test_ours_is_restored_a_foreign_spec_is_left_alone(tmp_path: Path) -> None:
+async def test_ours_is_restored_a_foreign_spec_is_left_alone(tmp_path: Path) -> None:
     w = Writer(tmp_path)
-    assert w.specs.write(KVM, [KVM_NODE])
+    assert await w.discovered([KVM_NODE])
     assert w.specs.cdi_ready("ate.dev/kvm")
     tampered = spec(KVM, [DeviceNode("/dev/sda", 8, 0)])
     w.file.write_text(json.dumps(tampered))  # our kind, other nodes: ours to restore
@@ -187,18 +212,20 @@ def test_ours_is_restored_a_foreign_spec_is_left_alone(tmp_path: Path) -> None:
     assert "other.vendor/kvm" in w.specs.cdi_problem("ate.dev/kvm")
     assert not w.specs.remove_all()  # not ours: left in place
     assert w.file.read_text() == foreign
+    await w.specs.stop(1.0)
 
 
-def test_never_through_a_symlinked_directory(tmp_path: Path) -> None:
+async def test_never_through_a_symlinked_directory(tmp_path: Path) -> None:
     w = Writer(tmp_path)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     w.dir.parent.mkdir()
     w.dir.symlink_to(elsewhere)
-    assert not w.specs.write(KVM, [KVM_NODE])
+    assert not await w.discovered([KVM_NODE])
     assert os.listdir(elsewhere) == []
     assert "a symlink in place of the directory" in w.specs.readiness()[1]
     (elsewhere / "ate.dev-kvm.json").write_text(json.dumps(spec(KVM, [KVM_NODE])))
     w.specs._written["ate.dev/kvm"] = _OnDisk(b"", (0, 0, 0, 0))  # as if written before the swap
     assert not w.specs.remove("ate.dev/kvm")
     assert os.listdir(elsewhere) == ["ate.dev-kvm.json"]
+    await w.specs.stop(1.0)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from watchdog.observers.inotify_c import InotifyConstants
 
+from ate_devplugin.host import watcher as watcher_module
 from ate_devplugin.host.watcher import (
     AWAITING,
     EVERYTHING,
@@ -25,6 +26,7 @@ from ate_devplugin.host.watcher import (
     SOCKET,
     SOCKETS,
     FsEvent,
+    Plan,
     Watcher,
     Watches,
     decode,
@@ -305,4 +307,33 @@ async def test_a_queue_overflow_reports_every_watched_directory_again(
     # The named file is reported (its events were lost); what cannot matter still is not.
     assert fs("created", str(wanted)) in seen
     assert {e.path for e in seen} == {str(tmp_path), str(wanted)}
+    watcher.stop()
+
+
+async def test_a_directory_removed_while_its_watch_is_armed_leaves_its_parent_watched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race CI met: the plan names a directory, which goes before its watch is armed.
+    The parent's watch must not have ended, the removal is reported, and the directory
+    made again is seen."""
+    seen: list[FsEvent] = []
+    watcher = Watcher(asyncio.get_running_loop(), seen.append)
+    watcher.start()
+    cdi = tmp_path / "cdi"
+    watcher.watch(dirs(cdi))  # absent: watched through tmp_path
+    cdi.mkdir()
+    planned = watcher_module.plan
+
+    def plan_then_remove(watches: Watches) -> Plan:
+        made = planned(watches)
+        if cdi.exists():
+            cdi.rmdir()  # after the plan named it, before its watch
+        return made
+
+    monkeypatch.setattr(watcher_module, "plan", plan_then_remove)
+    watcher.watch(dirs(cdi))
+    assert fs("deleted", str(cdi), is_dir=True) in seen
+    seen.clear()
+    cdi.mkdir()
+    await until(lambda: fs("created", str(cdi), is_dir=True) in seen, "the directory made again")
     watcher.stop()

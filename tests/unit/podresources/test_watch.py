@@ -1,8 +1,10 @@
-"""podresources.py against a fake PodResources server on a unix socket (the real kubelet's
-is in tests/e2e/test_pods_holding_units.py). And what filesystem events ask for a List."""
+"""The PodResources watch against a fake PodResources server on a unix socket (the real
+kubelet's is in tests/kubelet/test_pod_resources_dra.py and tests/e2e/test_pods_holding_units.py).
+And what filesystem events ask for a List."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 from collections.abc import AsyncIterator
@@ -11,37 +13,57 @@ from typing import Any
 
 import grpc
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from opentelemetry import context
+from opentelemetry.context import Context
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NoOpTracer
 from prometheus_client import CollectorRegistry
 
-from ate_devplugin.api.podresources.v1 import api_pb2 as pb
-from ate_devplugin.deviceplugin import podresources
-from ate_devplugin.deviceplugin.inventory import HEALTHY, UNHEALTHY
-from ate_devplugin.deviceplugin.podresources import PodResourcesWatch, asks_for_list, holdings
+from ate_devplugin.config import ResourceConfig
+from ate_devplugin.host.devices import DeviceNode, Discovery
 from ate_devplugin.host.watcher import FsEvent
 from ate_devplugin.observability.metrics import PodResourcesMetrics
+from ate_devplugin.podresources import watch
+from ate_devplugin.podresources.watch import DraDevices, PodResourcesWatch, asks_for_list
 from ate_devplugin.settings import PodResourcesSettings
 from ate_devplugin.tasks import Guard
-from tests.unit.fakes import KVM, TUN, FakeLister, pod, serve, until
+from tests.unit.fakes import KVM, TUN, FakeLister, claimed, pod, serve, until
+
+PRESENT = Discovery(nodes=(DeviceNode("/dev/kvm", 10, 232),), complete=True)
+ABSENT = Discovery(nodes=(), complete=False)
+RESOURCES = (ResourceConfig(name=KVM, devices=("/dev/kvm",)), ResourceConfig(name=TUN, devices=("/dev/net/tun",)))
 
 
 class Setup:
-    def __init__(self, tmp_path: Path, tracer: Any = None, interval_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        tracer: Any = None,
+        interval_s: float = 0.0,
+        cause: Context | None = None,
+        dra: DraDevices | None = None,
+    ) -> None:
         self.socket = tmp_path / "kubelet.sock"
         self.lister = FakeLister()
         self.registry = CollectorRegistry()
-        self.health = {KVM: HEALTHY}
-        settings = PodResourcesSettings(str(self.socket), interval_s, debounce_s=0.0, timeout_s=5.0, checkpoint=None)
+        settings = PodResourcesSettings(str(self.socket), interval_s, 0.0, 5.0, plugin_dir="/unused", mode="both")
         self.watch = PodResourcesWatch(
-            settings, PodResourcesMetrics(self.registry), tracer or NoOpTracer(), lambda: dict(self.health)
+            settings, PodResourcesMetrics(self.registry), tracer or NoOpTracer(), cause_of=lambda r: cause, dra=dra
         )
         self.guard = Guard(lambda name, error: None)
+        self.found = {KVM: PRESENT}
+
+    async def start(self) -> None:
+        """Started, and told of the first discovery (KVM present), as the daemon does."""
+        await self.watch.start(RESOURCES, self.guard)
+        self.watch.on_discovery(dict(self.found))
+
+    def discovered(self, **found: Discovery) -> None:
+        """The next discovery: ``kvm=ABSENT``, ``tun=PRESENT`` (the others as before)."""
+        self.found.update({f"ate.dev/{name}": d for name, d in found.items()})
+        self.watch.on_discovery(dict(self.found))
 
     def units(self, namespace: str, name: str, container: str, resource: str = KVM) -> float | None:
         labels = {"resource_name": resource, "namespace": namespace, "pod": name, "container": container}
@@ -55,24 +77,13 @@ class Setup:
 async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
     s = Setup(tmp_path)
     server = await serve(s.socket, s.lister)
+    await s.watch.on_resources(RESOURCES)  # unstarted: lists only when a test asks
+    s.watch.on_discovery(dict(s.found))
     try:
         yield s
     finally:
         await s.watch.stop(1.0)
         await server.stop(None)
-
-
-def test_holdings_counts_units_of_our_resources_per_container() -> None:
-    response = pb.ListPodResourcesResponse(
-        pod_resources=[
-            pod("vm", "worker", ("vmm", KVM, 1), ("sidecar", TUN, 2)),
-            pod("vm", "idle", ("main", KVM, 0)),
-            pod("gpu", "trainer", ("main", "nvidia.com/gpu", 1)),
-        ]
-    )
-    response.pod_resources[0].containers[0].devices.add(resource_name=KVM, device_ids=["x", "y"])
-    assert holdings(response, {KVM}) == {(KVM, "vm", "worker", "vmm"): 3}
-    assert holdings(response, {KVM, TUN}) == {(KVM, "vm", "worker", "vmm"): 3, (TUN, "vm", "worker", "sidecar"): 2}
 
 
 async def test_series_follow_the_pods_that_hold_units(setup: Setup) -> None:
@@ -94,7 +105,7 @@ async def test_series_follow_the_pods_that_hold_units(setup: Setup) -> None:
 
 
 async def test_series_are_bounded_and_what_is_dropped_is_counted(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(podresources, "MAX_SERIES", 3)
+    monkeypatch.setattr(watch, "MAX_SERIES", 3)
     setup.lister.pods = [pod("vm", f"p{i}", ("vmm", KVM, 1)) for i in range(5)]
     await setup.watch.list_once()
     assert [setup.units("vm", f"p{i}", "vmm") for i in range(5)] == [1, 1, 1, None, None]
@@ -117,12 +128,11 @@ async def test_device_loss_counts_the_pods_names_them_in_a_log_line_and_a_span_e
     server = await serve(s.socket, s.lister)
     try:
         s.lister.pods = [pod("vm", "a", ("vmm", KVM, 1)), pod("vm", "b", ("vmm", KVM, 1))]
-        await s.watch.start((), s.guard)
+        await s.start()
         await until(lambda: s.value("ate_devplugin_pods_holding_units", resource_name=KVM) == 2, "first List")
         calls = s.lister.calls
 
-        s.health[KVM] = UNHEALTHY
-        s.watch.health_changed(KVM, UNHEALTHY, None)
+        s.discovered(kvm=ABSENT)
         # At once, from the pods last listed ...
         assert s.value("ate_devplugin_pods_on_unhealthy_device", resource_name=KVM) == 2
         # ... and reported with those of a new List.
@@ -141,8 +151,7 @@ async def test_device_loss_counts_the_pods_names_them_in_a_log_line_and_a_span_e
         assert list(event.attributes["ate_devplugin.pods"]) == ["vm/a", "vm/b"]  # type: ignore[arg-type]
         assert event.attributes["ate_devplugin.pod_count"] == 2
 
-        s.health[KVM] = HEALTHY
-        s.watch.health_changed(KVM, HEALTHY, None)
+        s.discovered(kvm=PRESENT)
         assert s.value("ate_devplugin_pods_on_unhealthy_device", resource_name=KVM) == 0
     finally:
         await s.watch.stop(1.0)
@@ -154,13 +163,14 @@ async def test_the_loss_is_a_child_of_the_device_change(tmp_path: Path) -> None:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("test")
-    s = Setup(tmp_path, tracer=tracer)
+    with tracer.start_as_current_span("device change") as change:
+        cause = context.get_current()
+    s = Setup(tmp_path, tracer=tracer, cause=cause)
     server = await serve(s.socket, s.lister)
     try:
-        s.health[KVM] = UNHEALTHY
-        with tracer.start_as_current_span("device change") as change:
-            cause = context.get_current()
-        s.watch.health_changed(KVM, UNHEALTHY, cause)
+        await s.watch.on_resources(RESOURCES)
+        s.discovered()
+        s.discovered(kvm=ABSENT)
         await s.watch.list_once()
         (listing,) = [sp for sp in exporter.get_finished_spans() if sp.name.endswith("/List")]
         assert listing.parent is not None
@@ -180,6 +190,7 @@ async def test_failures_are_counted_logged_once_and_the_next_list_recovers(
 ) -> None:
     caplog.set_level(logging.INFO, "ate_devplugin")
     s = Setup(tmp_path)
+    await s.watch.on_resources(RESOURCES)
     try:
         await s.watch.list_once()  # no socket yet
         await s.watch.list_once()
@@ -218,8 +229,8 @@ async def test_a_loss_seen_while_the_kubelet_does_not_answer_is_reported_by_the_
     caplog.set_level(logging.INFO, "ate_devplugin")
     s = Setup(tmp_path)
     try:
-        s.health[KVM] = UNHEALTHY
-        s.watch.health_changed(KVM, UNHEALTHY, None)
+        s.discovered()
+        s.discovered(kvm=ABSENT)
         await s.watch.list_once()  # no socket
         assert not any(r.message.startswith("device lost") for r in caplog.records)
         server = await serve(s.socket, s.lister)
@@ -232,11 +243,39 @@ async def test_a_loss_seen_while_the_kubelet_does_not_answer_is_reported_by_the_
         await s.watch.stop(1.0)
 
 
+async def test_a_device_absent_from_the_start_is_no_loss(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "ate_devplugin")
+    s = Setup(tmp_path)
+    server = await serve(s.socket, s.lister)
+    try:
+        s.discovered(kvm=ABSENT)
+        await s.watch.list_once()
+        assert s.value("ate_devplugin_pods_on_unhealthy_device", resource_name=KVM) == 0  # nobody holds it
+        assert not any(r.message.startswith("device lost") for r in caplog.records)
+    finally:
+        await s.watch.stop(1.0)
+        await server.stop(None)
+
+
+async def test_the_first_list_waits_for_the_first_discovery(tmp_path: Path) -> None:
+    s = Setup(tmp_path, interval_s=3600)
+    server = await serve(s.socket, s.lister)
+    try:
+        await s.watch.start(RESOURCES, s.guard)
+        await asyncio.sleep(0.05)
+        assert s.lister.calls == 0
+        s.discovered()
+        await until(lambda: s.lister.calls == 1, "the first List")
+    finally:
+        await s.watch.stop(1.0)
+        await server.stop(None)
+
+
 async def test_without_events_the_fallback_interval_lists_again(tmp_path: Path) -> None:
     s = Setup(tmp_path, interval_s=0.05)
     server = await serve(s.socket, s.lister)
     try:
-        await s.watch.start((), s.guard)
+        await s.start()
         await until(lambda: s.lister.calls >= 3, "Lists on the interval")
         s.lister.pods = [pod("vm", "a", ("vmm", KVM, 1))]
         await until(lambda: s.units("vm", "a", "vmm") == 1, "the pod seen on the interval")
@@ -247,7 +286,7 @@ async def test_without_events_the_fallback_interval_lists_again(tmp_path: Path) 
 
 async def test_requests_are_coalesced(setup: Setup) -> None:
     setup.watch.debounce_s = 0.2
-    await setup.watch.start((), setup.guard)
+    await setup.start()
     await until(lambda: setup.lister.calls == 1, "the first List")
     for _ in range(20):
         setup.watch.refresh()
@@ -259,11 +298,12 @@ async def test_requests_are_coalesced(setup: Setup) -> None:
 
 
 async def test_series_of_a_resource_no_longer_served_go(setup: Setup) -> None:
-    setup.health[TUN] = HEALTHY
+    setup.discovered(tun=PRESENT)
     setup.lister.pods = [pod("vm", "a", ("vmm", TUN, 1))]
     await setup.watch.list_once()
     assert setup.value("ate_devplugin_pods_holding_units", resource_name=TUN) == 1
-    del setup.health[TUN]
+    await setup.watch.on_resources(RESOURCES[:1])
+    setup.watch.on_discovery({KVM: PRESENT})  # the discovery after a reload: tun is gone
     await setup.watch.list_once()
     assert setup.value("ate_devplugin_pods_holding_units", resource_name=TUN) is None
     assert setup.value("ate_devplugin_pods_on_unhealthy_device", resource_name=TUN) is None
@@ -281,19 +321,19 @@ async def test_stop_before_start_and_twice_is_safe(tmp_path: Path) -> None:
 
 
 async def test_an_unexpected_error_is_logged_and_the_next_request_lists_again(
-    setup: Setup, caplog: pytest.LogCaptureFixture
+    setup: Setup, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     broken = {"once": True}
-    health = setup.watch._health
+    wanted_now = setup.watch._wanted_now
 
-    def fails_once() -> dict[str, str]:
+    def fails_once() -> Any:
         if broken.pop("once", False):
             raise RuntimeError("injected")
-        return dict(health())
+        return wanted_now()
 
-    setup.watch._health = fails_once
+    monkeypatch.setattr(setup.watch, "_wanted_now", fails_once)
     setup.lister.pods = [pod("vm", "a", ("vmm", KVM, 1))]
-    await setup.watch.start((), setup.guard)
+    await setup.start()
     await until(lambda: any(r.message == "listing pod resources failed" for r in caplog.records), "logged")
     assert setup.value("ate_devplugin_pod_resources_requests_total", result="error") == 1
     setup.watch.refresh()
@@ -302,12 +342,67 @@ async def test_an_unexpected_error_is_logged_and_the_next_request_lists_again(
 
 async def test_no_pod_counts_before_a_list_answered(tmp_path: Path) -> None:
     s = Setup(tmp_path)
-    s.health[KVM] = UNHEALTHY
-    s.watch.health_changed(KVM, UNHEALTHY, None)
+    s.discovered()
+    s.discovered(kvm=ABSENT)
     await s.watch.list_once()  # no socket
     assert s.value("ate_devplugin_pods_on_unhealthy_device", resource_name=KVM) is None
     assert s.value("ate_devplugin_pods_holding_units", resource_name=KVM) is None
     await s.watch.stop(1.0)
+
+
+# --- DRA: claims the kubelet reports, counted by our driver's devices ------------------------
+
+DRIVER = "ate.dev"
+DEVICES = {"ate-dev-kvm": KVM, "ate-dev-kvm-0": KVM, "ate-dev-kvm-1": KVM, "ate-dev-tun": TUN}
+
+
+async def test_claims_of_our_driver_count_as_units_and_a_loss_names_their_pods(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    s = Setup(tmp_path, dra=DraDevices(DRIVER, lambda: DEVICES))
+    server = await serve(s.socket, s.lister)
+    try:
+        s.lister.pods = [
+            claimed("vm", "a", "vmm", ("a-kvm", DRIVER, "ate-dev-kvm")),
+            claimed("vm", "b", "vmm", ("b-kvm", DRIVER, "ate-dev-kvm-0"), ("b-kvm", DRIVER, "ate-dev-kvm-1")),
+            claimed("gpu", "c", "main", ("c-gpu", "gpu.example.com", "ate-dev-kvm")),  # not our driver
+            claimed("vm", "d", "vmm", ("d-x", DRIVER, "unknown-device")),  # not a device of ours
+        ]
+        await s.start()
+        await until(lambda: s.units("vm", "b", "vmm") == 2, "the claims counted")
+        assert s.units("vm", "a", "vmm") == 1
+        assert s.units("gpu", "c", "main") is None
+        assert s.value("ate_devplugin_pods_holding_units", resource_name=KVM) == 2
+
+        s.discovered(kvm=ABSENT)
+        assert s.value("ate_devplugin_pods_on_unhealthy_device", resource_name=KVM) == 2
+        await until(lambda: any(r.message.startswith("device lost") for r in caplog.records), "the loss logged")
+        assert [r.message for r in caplog.records if r.message.startswith("device lost")] == [
+            "device lost while pods hold its units: vm/a, vm/b"
+        ]
+    finally:
+        await s.watch.stop(1.0)
+        await server.stop(None)
+
+
+async def test_a_prepared_or_unprepared_claim_lists_after_the_debounce(tmp_path: Path) -> None:
+    """The kubelet records a prepare's answer once it has it: the List waits a little."""
+    s = Setup(tmp_path, dra=DraDevices(DRIVER, lambda: DEVICES))
+    server = await serve(s.socket, s.lister)
+    try:
+        await s.start()
+        await until(lambda: s.lister.calls == 1, "the first List")
+        s.watch.debounce_s = 0.3
+        await asyncio.sleep(0.01)  # past the (zero) debounce of the first List
+        loop = asyncio.get_running_loop()
+        asked = loop.time()
+        s.watch.claims_changed()
+        s.lister.pods = [claimed("vm", "a", "vmm", ("a-kvm", DRIVER, "ate-dev-kvm"))]
+        await until(lambda: s.units("vm", "a", "vmm") == 1, "a List after the claim")
+        assert loop.time() - asked >= 0.3
+    finally:
+        await s.watch.stop(1.0)
+        await server.stop(None)
 
 
 D = "/var/lib/kubelet/device-plugins"
@@ -347,60 +442,3 @@ def test_what_asks_for_a_pod_resources_list(why: str, batch: list[FsEvent], asks
 
 def test_pods_not_read_by_the_device_plugin_no_checkpoint_events() -> None:
     assert not asks_for_list([fs("moved", f"{D}/.tmp", CHECKPOINT)], None, POD_SOCKET)
-
-
-def _reference(response: pb.ListPodResourcesResponse, resources: set[str]) -> dict[podresources.Key, int]:
-    """What the answer says, read from protobuf's own parse of it."""
-    held: dict[podresources.Key, int] = {}
-    for p in pb.ListPodResourcesResponse.FromString(response.SerializeToString()).pod_resources:
-        for c in p.containers:
-            for d in c.devices:
-                if d.resource_name in resources and d.device_ids:
-                    key = (d.resource_name, p.namespace, p.name, c.name)
-                    held[key] = held.get(key, 0) + len(d.device_ids)
-    return held
-
-
-names = st.text(st.characters(codec="utf-8"), max_size=8)
-
-
-@st.composite
-def answers(draw: st.DrawFn) -> pb.ListPodResourcesResponse:
-    response = pb.ListPodResourcesResponse()
-    for _ in range(draw(st.integers(0, 4))):
-        p = response.pod_resources.add(name=draw(names), namespace=draw(names))
-        for _ in range(draw(st.integers(0, 3))):
-            c = p.containers.add(name=draw(names), cpu_ids=draw(st.lists(st.integers(-(2**63), 2**63 - 1))))
-            c.memory.add(memory_type="memory", size=draw(st.integers(0, 2**64 - 1)))
-            for _ in range(draw(st.integers(0, 3))):
-                d = c.devices.add(resource_name=draw(st.sampled_from([KVM, TUN, "nvidia.com/gpu", ""])))
-                d.device_ids.extend(draw(st.lists(names, max_size=3)))
-                d.topology.nodes.add(ID=draw(st.integers(0, 2**63 - 1)))
-    return response
-
-
-@given(answers())
-@settings(max_examples=300, deadline=None)
-def test_the_wire_walk_reads_what_protobuf_reads(response: pb.ListPodResourcesResponse) -> None:
-    assert holdings(response.SerializeToString(), {KVM, TUN}) == _reference(response, {KVM, TUN})
-
-
-def test_an_answer_cut_short_or_not_utf8_is_undecodable() -> None:
-    data = pb.ListPodResourcesResponse(pod_resources=[pod("vm", "a", ("vmm", KVM, 2))]).SerializeToString()
-    for cut in range(1, len(data)):
-        with pytest.raises(podresources.DecodeError):
-            podresources.read_holdings(data[:cut], {KVM})
-    not_utf8 = data.replace(b"vmm", b"\xff\xfe\xfd")
-    with pytest.raises(podresources.DecodeError):
-        podresources.read_holdings(not_utf8, {KVM})
-
-
-def test_names_are_cut_to_the_kubernetes_limits_and_entries_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    long_pod = pod("n" * 100, "p" * 300, ("c" * 100, KVM, 1))
-    found = podresources.read_holdings(pb.ListPodResourcesResponse(pod_resources=[long_pod]).SerializeToString(), {KVM})
-    assert found.held == {(KVM, "n" * 63, "p" * 253, "c" * 63): 1}
-    assert found.truncated == 1
-    monkeypatch.setattr(podresources, "MAX_HELD", 2)
-    many = pb.ListPodResourcesResponse(pod_resources=[pod("vm", f"p{i}", ("vmm", KVM, 1)) for i in range(5)])
-    found = podresources.read_holdings(many.SerializeToString(), {KVM})
-    assert (len(found.held), found.dropped) == (2, 3)

@@ -1,0 +1,114 @@
+"""``ate-devplugin verify``: does a VM run here? For a person or a ``helm test`` pod.
+
+It probes the device the way the daemon does (a child process, a deadline), then prints
+what it saw and a verdict line, and returns the exit code: 0 when the guest ran to its
+expected exits, 1 otherwise. The output, for a pod's log::
+
+    ate-devplugin verify /dev/kvm
+      device:          character device 10:232
+      KVM API version: 12
+      guest exits:     out 0x3f8 '4', out 0x3f8 '\\n', hlt (expected out 0x3f8 '4', out 0x3f8 '\\n', hlt)
+      KVM:             pvm, software (no VMX/SVM): small guests run, stock kernels may not
+      CPU:             amd64 GenuineIntel family 6 model 167 stepping 1, "Intel(R) Xeon(R) Processor", a VM itself
+      guest CPUID:     e4da580d0f0efc260d1b9abad8ce7814: cx16 gfni hypervisor invtsc la57 rtm ...
+      kernel:          6.18.44-fc-v1147
+    PASS: a VM ran guest code on /dev/kvm in 7.9 ms
+
+or, on failure, the lines it could fill and ``FAIL <reason>: <message>``. With ``as_json``
+it prints one JSON object instead (``result``, ``node``), for scripts checking every node.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import TextIO
+
+from ate_devplugin.kvm import guest
+from ate_devplugin.kvm.facts import NodeFacts
+from ate_devplugin.kvm.probe import ProbeResult
+from ate_devplugin.kvm.runner import Prober
+
+DEFAULT_TIMEOUT_S = 10.0
+Probe = Callable[[str, float], Awaitable[ProbeResult]]
+
+
+async def _probe_once(device: str, timeout: float) -> ProbeResult:
+    prober = Prober(reuse=False)
+    try:
+        return await prober.probe(device, timeout)
+    finally:
+        await prober.close()
+
+
+def lines(result: ProbeResult, node: NodeFacts) -> list[str]:
+    """The report: what was seen, then the verdict."""
+    out = [f"ate-devplugin verify {result.device}"]
+
+    def row(label: str, text: str) -> None:
+        out.append(f"  {label + ':':<16} {text}")
+
+    if result.rdev:
+        row("device", f"character device {result.rdev}")
+    if result.api_version is not None:
+        row("KVM API version", str(result.api_version))
+    if result.exits or result.ran_guest:
+        row("guest exits", f"{', '.join(result.exits) or 'none'} (expected {guest.describe(guest.EXPECTED)})")
+    row("KVM", _implementation(node))
+    row("CPU", _cpu(node))
+    facts = result.device_facts
+    if facts is not None and facts.cpuid_digest:
+        row("guest CPUID", f"{facts.cpuid_digest}: {' '.join(facts.cpu_features) or 'no notable features'}")
+    row("kernel", node.kernel_release)
+    if result.passed:
+        ran = (
+            "a VM ran guest code"
+            if result.ran_guest
+            else "a VM and a vCPU were made (guest not run on this architecture)"
+        )
+        out.append(f"PASS: {ran} on {result.device} in {result.duration_s * 1000:.1f} ms")
+    else:
+        out.append(f"FAIL {result.reason}: {result.message}")
+    return out
+
+
+def _implementation(node: NodeFacts) -> str:
+    name = node.kvm_implementation
+    if not name:
+        return "no KVM module loaded"
+    if node.kvm_hardware:
+        return f"{name}, hardware virtualisation"
+    if name == "pvm":
+        return "pvm, software (no VMX/SVM): small guests run, stock kernels may not"
+    return f"{name}: more than one implementation loaded, which serves the device is unknown"
+
+
+def _cpu(node: NodeFacts) -> str:
+    signature = " ".join(
+        f"{label} {value}"
+        for label, value in (("family", node.cpu_family), ("model", node.cpu_model), ("stepping", node.cpu_stepping))
+        if value is not None
+    )
+    parts = [" ".join(p for p in (node.architecture, node.cpu_vendor, signature) if p)]
+    if node.cpu_model_name:
+        parts.append(json.dumps(node.cpu_model_name))
+    if node.nested:
+        parts.append("a VM itself")
+    return ", ".join(parts)
+
+
+async def verify(
+    node: NodeFacts,
+    out: TextIO,
+    device: str = "/dev/kvm",
+    timeout: float = DEFAULT_TIMEOUT_S,
+    as_json: bool = False,
+    probe: Probe = _probe_once,
+) -> int:
+    """Probes ``device``, writes the report to ``out``; 0 when it passed, else 1."""
+    result = await probe(device, timeout)
+    if as_json:
+        out.write(json.dumps({"result": result.to_json(), "node": node.to_json()}) + "\n")
+    else:
+        out.write("\n".join(lines(result, node)) + "\n")
+    return 0 if result.passed else 1

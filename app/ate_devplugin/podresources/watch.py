@@ -1,0 +1,282 @@
+"""The PodResources component: which pods hold units of the daemon's resources, kept up to date.
+
+The API (v1: List, GetAllocatableResources, Get) has no watch, so the daemon lists again
+when something may have changed: the kubelet's device manager rewrote its checkpoint (it
+does after every allocation to a container and after every device list a plugin sends),
+our DRA driver answered a prepare or unprepare, one of our resources' devices came or went,
+or the PodResources socket was made anew. Freeing a deleted pod's units writes no
+checkpoint: the fallback interval bounds how long its series outlives it. Requests are
+coalesced: the first lists at once, those that come meanwhile make one more List after
+``debounce_s``. The first List follows the first discovery, so it knows which resources'
+devices are present, whatever order the components started in.
+
+Whether a resource's devices are present comes from the discoveries (every mode); when
+they go, the pods that held units are reported with the next List (a log line, and an
+event on its span, a child of the device plugin's ``device change`` when there is one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import grpc
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind, Tracer
+
+from ate_devplugin.config import ResourceConfig
+from ate_devplugin.host.devices import Discovery
+from ate_devplugin.host.watcher import FsEvent, Watches
+from ate_devplugin.observability.logs import SaidOnce
+from ate_devplugin.observability.metrics import PodResourcesMetrics
+from ate_devplugin.observability.tracing import rpc_span, set_rpc_status
+from ate_devplugin.podresources.answer import DecodeError, Holdings, Key, Wanted, read_holdings
+from ate_devplugin.podresources.lister import SERVICE, PodResourcesError, list_pods
+from ate_devplugin.settings import PodResourcesSettings
+from ate_devplugin.tasks import Guard, Worker, WorkerBusyError, cancel
+
+log = logging.getLogger(__name__)
+
+# A node runs at most a few hundred pods; a bound keeps a misbehaving node from flooding
+# Prometheus. What is over it is counted in ate_devplugin_pod_units_series_dropped.
+MAX_SERIES = 512
+
+
+@dataclass(frozen=True)
+class DraDevices:
+    """Our DRA driver's name and, asked at each List, every device it may publish, by name,
+    with its resource: the claims the kubelet reports are counted by them."""
+
+    driver: str
+    devices: Callable[[], Mapping[str, str]]
+
+
+def asks_for_list(batch: Iterable[FsEvent], checkpoint: str | None, socket: str) -> bool:
+    """Whether a batch may have changed the pods holding units: the device manager's
+    checkpoint rewritten (a temporary file renamed over it, or written in place), or the
+    PodResources socket made anew (a kubelet restart)."""
+    for e in batch:
+        target = e.dest_path if e.kind == "moved" else e.path
+        if checkpoint and target == checkpoint and e.kind in ("moved", "created", "closed"):
+            return True
+        if e.kind in ("created", "moved") and target == socket:
+            return True
+    return False
+
+
+def pods_of(held: Mapping[Key, int], resource: str) -> list[str]:
+    """``namespace/pod`` of every pod holding units of ``resource``, sorted."""
+    return sorted({f"{ns}/{pod}" for (r, ns, pod, _) in held if r == resource})
+
+
+class PodResourcesWatch:
+    """Keeps the pod-holding series of the daemon's resources up to date."""
+
+    name = "pod resources"
+
+    def __init__(
+        self,
+        settings: PodResourcesSettings,
+        metrics: PodResourcesMetrics,
+        tracer: Tracer,
+        *,
+        cause_of: Callable[[str], Context | None] = lambda resource: None,
+        dra: DraDevices | None = None,
+    ) -> None:
+        """``cause_of`` gives the trace context of a resource's last device change (the
+        device plugin's), ``dra`` our DRA driver's devices (None: no DRA driver)."""
+        self.socket_path = settings.pod_resources_socket
+        self.checkpoint = settings.checkpoint
+        self.metrics = metrics
+        self.tracer = tracer
+        self._cause_of = cause_of
+        self._dra = dra
+        self.interval_s = settings.pod_resources_interval
+        self.debounce_s = settings.pod_resources_debounce_s
+        self.timeout_s = settings.pod_resources_timeout_s
+        self.held: dict[Key, int] = {}
+        self._worker = Worker("pod resources answer")
+        self._names: frozenset[str] = frozenset()  # the configured resources
+        self._present: dict[str, bool] = {}  # resource -> every device node present, as last discovered
+        self._discovered = False
+        self._listed = False  # a List has answered
+        self._exported: set[Key] = set()
+        self._published: set[str] = set()  # resources with per-resource series
+        self._wanted = asyncio.Event()
+        self._not_before = 0.0  # loop time before which no List starts
+        self._lost: list[str] = []  # resources whose devices went, to report with the next List
+        self._failures = SaidOnce()
+        self.task: asyncio.Task[None] | None = None
+
+    # --- the component ----------------------------------------------------------------
+
+    async def start(self, resources: tuple[ResourceConfig, ...], guard: Guard) -> None:
+        """The first List comes with the first discovery."""
+        self._names = frozenset(r.name for r in resources)
+        self.task = guard.spawn("pod_resources", self._run(), "pod resources")
+
+    async def stop(self, deadline_s: float) -> list[str]:
+        return [] if await cancel(self.task, deadline_s) else ["pod resources"]
+
+    def watches(self) -> Watches:
+        # The kubelet makes its PodResources socket anew when it restarts; the checkpoint
+        # is in the device plugin's directory, where nothing else concerns us.
+        pod_dir = os.path.dirname(self.socket_path)
+        return Watches(
+            dirs=frozenset({pod_dir} if os.path.isdir(pod_dir) else ()),
+            files=frozenset({self.checkpoint} if self.checkpoint else ()),
+        )
+
+    def on_fs_events(self, batch: Sequence[FsEvent]) -> None:
+        if asks_for_list(batch, self.checkpoint, self.socket_path):
+            self.refresh()
+
+    async def on_resources(self, resources: tuple[ResourceConfig, ...]) -> None:
+        self._names = frozenset(r.name for r in resources)
+        self.refresh()  # the series of resources added or gone
+
+    def on_discovery(self, found: Mapping[str, Discovery]) -> None:
+        """The first discovery asks for the first List; a resource whose devices came or went
+        updates the pods-on-an-unhealthy-device count at once and asks for a List, which
+        reports a loss with its pods."""
+        present = {name: d.complete for name, d in found.items()}
+        first, before, self._present = not self._discovered, self._present, present
+        self._discovered = True
+        changed = {name for name, ok in present.items() if before.get(name) != ok}
+        self._lost += [name for name in sorted(changed) if not present[name] and before.get(name)]
+        if changed and not first:
+            self._publish_resources()
+        if first or changed or present.keys() != before.keys():
+            self.refresh()
+
+    # --- told by the others -----------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Something may have changed the pods holding units: list again soon."""
+        self._wanted.set()
+
+    def claims_changed(self) -> None:
+        """Our DRA driver answered a prepare or unprepare: the kubelet records the answer
+        once it has it, so the List waits ``debounce_s``."""
+        self._not_before = max(self._not_before, asyncio.get_running_loop().time() + self.debounce_s)
+        self._wanted.set()
+
+    # --- running ------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._next_request()
+            if (wait := self._not_before - loop.time()) > 0:
+                await asyncio.sleep(wait)
+            self._wanted.clear()
+            try:
+                await self.list_once()
+            except Exception:
+                # Whatever it was, the next List may go better; the device plugin goes on.
+                log.exception("listing pod resources failed")
+                self.metrics.requests.labels("error").inc()
+            # Everything asking meanwhile is served by one List after this.
+            await asyncio.sleep(self.debounce_s)
+
+    async def _next_request(self) -> None:
+        """Until asked, or until the fallback interval passed (0: only when asked)."""
+        wait = asyncio.ensure_future(self._wanted.wait())
+        try:
+            await asyncio.wait({wait}, timeout=self.interval_s or None)
+        finally:
+            wait.cancel()
+
+    async def list_once(self) -> None:
+        """One List; updates the series, and reports the devices lost since the last one."""
+        lost, self._lost = self._lost, []
+        present = dict(self._present)
+        parent = next((c for c in map(self._cause_of, lost) if c is not None), None)
+        start = time.perf_counter()
+        with rpc_span(self.tracer, SERVICE, "List", SpanKind.CLIENT, parent) as span:
+            try:
+                found = await self._read(await list_pods(self.socket_path, self.timeout_s), self._wanted_now())
+            except PodResourcesError as exc:
+                self.metrics.requests.labels(exc.reason).inc()
+                set_rpc_status(span, grpc.StatusCode.UNKNOWN.value[0], exc.reason, str(exc))
+                if self._failures.new(str(exc)):  # the same failure again and again is logged once
+                    log.warning("cannot list pod resources: %s", exc, extra={"socket": self.socket_path})
+                self._lost = lost + self._lost  # report them with the next List that works
+                return
+            finally:
+                self.metrics.duration.observe(time.perf_counter() - start)
+            set_rpc_status(span, grpc.StatusCode.OK.value[0], "OK")
+            self.metrics.requests.labels("success").inc()
+            if self._failures.over():
+                log.info("PodResources answers again", extra={"socket": self.socket_path})
+            self.held = found.held
+            self._listed = True
+            self._publish(present, found)
+            for resource in lost:
+                if present.get(resource) is False:  # not back meanwhile
+                    self._report_loss(resource, span)
+
+    def _wanted_now(self) -> Wanted:
+        """What of the answer is ours, as configured now (read on the loop)."""
+        if self._dra is None:
+            return Wanted(self._names)
+        return Wanted(self._names, self._dra.driver, dict(self._dra.devices()))
+
+    async def _read(self, data: bytes, wanted: Wanted) -> Holdings:
+        """The answer read in a worker thread: the loop (and every Allocate) goes on meanwhile."""
+        try:
+            return await self._worker.call(lambda: read_holdings(data, wanted), self.timeout_s)
+        except DecodeError as exc:
+            raise PodResourcesError("error", f"List at {self.socket_path}: an undecodable answer: {exc}") from exc
+        except (TimeoutError, WorkerBusyError) as exc:
+            raise PodResourcesError("timeout", f"List at {self.socket_path}: reading the answer: {exc}") from exc
+
+    # --- series -------------------------------------------------------------------------
+
+    def _publish(self, present: Mapping[str, bool], found: Holdings) -> None:
+        m = self.metrics
+        keys = sorted(self.held)
+        kept = set(keys[:MAX_SERIES])
+        for key in self._exported - kept:
+            m.pod_units.remove(*key)
+        for key in kept:
+            m.pod_units.labels(*key).set(self.held[key])
+        self._exported = kept
+        m.series_dropped.set(len(keys) - len(kept) + found.dropped)
+        m.labels_truncated.set(found.truncated)
+        self._publish_resources(present)
+
+    def _publish_resources(self, present: Mapping[str, bool] | None = None) -> None:
+        """Per resource: pods holding units, and those of them on an unhealthy device
+        (none before a List answered: no count is better than a false 0)."""
+        if not self._listed:
+            return
+        present = self._present if present is None else present
+        m = self.metrics
+        for gone in self._published - present.keys():
+            m.pods_holding.remove(gone)
+            m.pods_on_unhealthy_device.remove(gone)
+        self._published = set(present)
+        for resource, ok in present.items():
+            pods = len(pods_of(self.held, resource))
+            m.pods_holding.labels(resource).set(pods)
+            m.pods_on_unhealthy_device.labels(resource).set(0 if ok else pods)
+
+    def _report_loss(self, resource: str, span: Span) -> None:
+        pods = pods_of(self.held, resource)
+        span.add_event(
+            "device lost",
+            {"ate_devplugin.resource_name": resource, "ate_devplugin.pods": pods, "ate_devplugin.pod_count": len(pods)},
+        )
+        if pods:
+            log.warning(
+                "device lost while pods hold its units: %s",
+                ", ".join(pods),
+                extra={"resource": resource, "pods": pods},
+            )
+        else:
+            log.info("device lost; no pod holds its units", extra={"resource": resource, "pods": pods})

@@ -1,0 +1,179 @@
+"""Settings resolved, and the frozen part each subsystem is handed.
+
+A part's fields are named after what fills them: an option's key (options.py) or a
+:class:`Timing` field. :meth:`Settings.part` fills every field so named, so a new option
+reaches its subsystem by a field of its name in that subsystem's part.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ate_devplugin.config import Problem, ResourceConfig, socket_name
+from ate_devplugin.settings.idle import idle_fields
+from ate_devplugin.settings.options import DRA_DRIVER, KUBELET_SOCKET
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+P = TypeVar("P", bound="DataclassInstance")
+
+# Written by the kubelet's device manager in the plugin directory.
+CHECKPOINT = "kubelet_internal_checkpoint"
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Every timing knob of the lifecycle, in seconds: not options, one place, so tests can shrink them."""
+
+    # Registered but the kubelet opened no stream (or dropped it) without restarting:
+    # wait this long for a restart before registering again.
+    stream_grace_s: float = 5.0
+    # The kubelet dials us back within Register with a 10 s timeout; allow it that and a margin.
+    register_timeout_s: float = 12.0
+    backoff_initial_s: float = 0.02
+    backoff_cap_s: float = 30.0
+    # gRPC server stop: grace for open calls, then this margin before giving up on it.
+    server_stop_grace_s: float = 1.0
+    server_stop_margin_s: float = 0.5
+    # Stopping one agent (its task, then its server) takes at most this long.
+    agent_stop_s: float = 2.5
+    # Reading and decoding a changed config file, in a worker thread.
+    reload_timeout_s: float = 5.0
+    # ... once its new content stayed the same this long (a torn write is not judged).
+    reload_settle_s: float = 0.2
+    # A batch of events not handled within this long is a stall: /healthz fails.
+    event_deadline_s: float = 10.0
+    # After a stop signal: agents, watcher and server are down within this long ...
+    shutdown_deadline_s: float = 3.0
+    # ... then the HTTP endpoint closed and spans flushed, side by side, within this long:
+    # 4.5 s in all, within the 5 s docs/operations.md promises (the chart grants 10 s).
+    close_s: float = 1.5
+    # PodResources: at most one List this often while events keep coming, each this long at most.
+    pod_resources_debounce_s: float = 0.5
+    pod_resources_timeout_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """The composition root's part: what it loads, serves and logs, and in which mode."""
+
+    config: Path | None
+    plugin_dir: str
+    socket_suffix: str
+    metrics_address: tuple[str, int]
+    log_format: str
+    log_level: str
+    cdi_dir: str
+    mode: str
+    pod_resources: bool
+    reload_timeout_s: float
+    reload_settle_s: float
+    close_s: float
+
+    @property
+    def device_plugin(self) -> bool:
+        return self.mode != "dra"
+
+    @property
+    def dra(self) -> bool:
+        return self.mode != "device-plugin"
+
+
+@dataclass(frozen=True)
+class DevicePluginSettings:
+    """The device plugin's part: the kubelet's socket directory and the agents' timing."""
+
+    plugin_dir: str
+    socket_suffix: str
+    stream_grace_s: float
+    register_timeout_s: float
+    backoff_initial_s: float
+    backoff_cap_s: float
+    server_stop_grace_s: float
+    server_stop_margin_s: float
+    agent_stop_s: float
+
+    @property
+    def kubelet_socket(self) -> str:
+        return os.path.join(self.plugin_dir, KUBELET_SOCKET)
+
+    def socket_path(self, resource: ResourceConfig) -> str:
+        return os.path.join(self.plugin_dir, socket_name(resource.name, self.socket_suffix))
+
+
+@dataclass(frozen=True)
+class PodResourcesSettings:
+    """Which pods hold units: the kubelet's PodResources socket, how often to List without
+    being asked, and (with the device plugin) the device manager's checkpoint whose rewrites ask."""
+
+    pod_resources_socket: str
+    pod_resources_interval: float
+    pod_resources_debounce_s: float
+    pod_resources_timeout_s: float
+    plugin_dir: str
+    mode: str
+
+    @property
+    def checkpoint(self) -> str | None:
+        """Rewritten when units are allocated; None without the device plugin, whose
+        directory nothing else watches (the chart mounts it only then)."""
+        return os.path.join(self.plugin_dir, CHECKPOINT) if self.mode != "dra" else None
+
+
+@dataclass(frozen=True)
+class DraSettings:
+    """The DRA driver's part: this node, the kubelet's plugin directories, how devices are shared."""
+
+    node_name: str
+    registry_dir: str
+    dra_dir: str
+    dra_slots: int
+    dra_sharing: str
+    driver: str = DRA_DRIVER
+
+    @property
+    def socket(self) -> str:
+        return os.path.join(self.dra_dir, "dra.sock")
+
+    @property
+    def registration_socket(self) -> str:
+        return os.path.join(self.registry_dir, f"{self.driver}-reg.sock")
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    """The supervisor's part: where devices are found, and its deadlines."""
+
+    device_root: str
+    event_deadline_s: float
+    shutdown_deadline_s: float
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every option's value (by key), the timing, and the options given that do nothing
+    here; each subsystem is handed only its own part (:meth:`part`)."""
+
+    values: Mapping[str, Any]
+    timing: Timing = field(default_factory=Timing)
+    idle: tuple[Problem, ...] = ()
+
+    def part(self, cls: type[P]) -> P:
+        """``cls`` with each field filled from the option or the timing of its name (a
+        field with a default that neither names keeps it)."""
+        filled: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name in self.values:
+                filled[f.name] = self.values[f.name]
+            elif hasattr(self.timing, f.name):
+                filled[f.name] = getattr(self.timing, f.name)
+        return cls(**filled)
+
+    def warnings(self, resources: Sequence[ResourceConfig]) -> list[Problem]:
+        """What was set but does nothing here: these settings, then the config's fields."""
+        return [*self.idle, *idle_fields(resources, self.values["mode"])]

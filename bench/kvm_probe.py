@@ -1,0 +1,228 @@
+"""What the KVM probe costs: per probe, and a probing process at a period, idle otherwise.
+
+    python -m bench.kvm_probe [--probes 200] [--period 60] [--seconds 600] [--device /dev/kvm]
+
+Needs a KVM device this process may open (root here). Three parts:
+
+* ``per_probe``: ``--probes`` probes back to back through ``kvm/runner.py``, once with one
+  worker for every probe (``reuse``, the default) and once with a worker per probe. CPU
+  per probe = this process's CPU (the event loop's side: ``time.process_time``) plus the
+  workers', from ``getrusage(RUSAGE_CHILDREN)`` once they are reaped (exact, where
+  /proc's ticks are 10 ms); the reused worker's start is measured apart (a prober that
+  probes once) and taken out. Wall time per probe as the caller sees it, and the probe's
+  own duration inside the worker.
+* ``at_period``: two processes side by side for ``--seconds``: ``host`` probing every
+  ``--period`` seconds with a reused worker (what the prober of docs/kvm-health.md will do), and ``host``
+  with no prober at all (an idle asyncio process: the floor). CPU and context switches
+  per minute of each (the prober's worker included), from /proc (``bench.procstat``).
+* ``budget``: the cost per hour at the default 60 s period from the per-probe figure,
+  as a share of one core (the budget is 1 %).
+
+Next to it, for scale, the idle figures of the Go stub plugin and of our daemon from the
+newest full run (``figures.idle``: the kubelet bench's Go peer; the probe is not in that
+daemon yet: once wired, the suite measures it there, next to the same peer).
+Writes ``bench/results/<UTC time>-kvm-probe.json`` and prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from ate_devplugin.kvm.runner import Prober
+from bench import procstat
+from bench.stats import percentile
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PROBE_TIMEOUT_S = 5.0
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def _run(prober: Prober, device: str, probes: int) -> tuple[list[float], list[float]]:
+    """Wall seconds per probe as the caller sees it, and each probe's own duration."""
+    wall, inside = [], []
+    for _ in range(probes):
+        start = time.perf_counter()
+        result = await prober.probe(device, PROBE_TIMEOUT_S)
+        wall.append(time.perf_counter() - start)
+        if not result.passed:
+            raise RuntimeError(f"the probe failed: {result.reason}: {result.message}")
+        inside.append(result.duration_s)
+    return wall, inside
+
+
+async def _cost(device: str, probes: int, reuse: bool) -> tuple[float, float, list[float], list[float]]:
+    """(this process's CPU s, the workers' CPU s, wall, inside) of ``probes`` probes by a
+    fresh prober, its workers reaped."""
+    prober = Prober(reuse=reuse)
+    own, children = time.process_time(), _children_cpu()
+    try:
+        wall, inside = await _run(prober, device, probes)
+    finally:
+        await prober.close()
+    for _ in range(100):  # the child watcher reaps in its own thread
+        if prober._worker is None and _children_cpu() > children:
+            break
+        await asyncio.sleep(0.01)
+    return time.process_time() - own, _children_cpu() - children, wall, inside
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 3)
+
+
+async def per_probe(device: str, probes: int) -> dict[str, Any]:
+    await _cost(device, 3, reuse=True)  # warm: imports, page cache
+    start_own, start_workers, _, _ = await _cost(device, 1, reuse=True)
+    own, workers, wall, inside = await _cost(device, probes + 1, reuse=True)
+    reused = {
+        "probes": probes,
+        "worker_start_and_one_probe_cpu_ms": _ms(start_own + start_workers),
+        "cpu_ms_per_probe": _ms((own + workers - start_own - start_workers) / probes),
+        "loop_cpu_ms_per_probe": _ms((own - start_own) / probes),
+        "worker_cpu_ms_per_probe": _ms((workers - start_workers) / probes),
+        "wall_p50_ms": _ms(percentile(wall[1:], 50)),
+        "wall_p99_ms": _ms(percentile(wall[1:], 99)),
+        "inside_p50_ms": _ms(percentile(inside, 50)),
+    }
+    own, workers, wall, inside = await _cost(device, probes, reuse=False)
+    fresh = {
+        "probes": probes,
+        "cpu_ms_per_probe": _ms((own + workers) / probes),
+        "loop_cpu_ms_per_probe": _ms(own / probes),
+        "worker_cpu_ms_per_probe": _ms(workers / probes),
+        "wall_p50_ms": _ms(percentile(wall, 50)),
+        "wall_p99_ms": _ms(percentile(wall, 99)),
+        "inside_p50_ms": _ms(percentile(inside, 50)),
+    }
+    return {"reuse": reused, "worker_per_probe": fresh}
+
+
+# --- a probing process at a period ------------------------------------------------
+
+
+async def host(period: float, device: str) -> None:
+    """Probes every ``period`` seconds (0: no prober, only an idle loop); prints
+    ``worker <pid>`` after the first probe, then runs until killed."""
+    if not period:
+        print("worker 0", flush=True)
+        await asyncio.Event().wait()
+    prober = Prober()
+    first = True
+    while True:
+        result = await prober.probe(device, PROBE_TIMEOUT_S)
+        if first:
+            assert prober._worker is not None
+            print(f"worker {prober._worker.pid}" if result.passed else f"failed {result.message}", flush=True)
+            first = False
+        await asyncio.sleep(period)
+
+
+def _start_host(period: float, device: str) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.kvm_probe", "host", "--period", str(period), "--device", device],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().split()
+    if not line or line[0] != "worker":
+        proc.kill()
+        raise RuntimeError(f"the probing host did not start: {line}")
+    return proc, int(line[1])
+
+
+def at_period(device: str, period: float, seconds: float) -> dict[str, Any]:
+    hosts = {"probing": _start_host(period, device), "no-prober": _start_host(0, device)}
+    try:
+        pids = {name: [p.pid] + ([worker] if worker else []) for name, (p, worker) in hosts.items()}
+        before = {name: [procstat.Snapshot.take(pid) for pid in group] for name, group in pids.items()}
+        start = time.monotonic()
+        time.sleep(seconds)
+        elapsed = time.monotonic() - start
+        after = {name: [procstat.Snapshot.take(pid) for pid in group] for name, group in pids.items()}
+        rss = {name: sum(procstat.rss_bytes(pid) for pid in group) for name, group in pids.items()}
+    finally:
+        for proc, _ in hosts.values():
+            proc.kill()
+            proc.wait(10)
+    out: dict[str, Any] = {"period_s": period, "seconds": round(elapsed, 1)}
+    for name in hosts:
+        costs = [procstat.idle_cost(b, a, elapsed) for b, a in zip(before[name], after[name], strict=True)]
+        cpu = sum(c.cpu_s for c in costs)
+        out[name] = {
+            "cpu_s": round(cpu, 3),
+            "millicores": round(1000 * cpu / elapsed, 3),
+            "switches_per_min": round(sum(c.switches_per_min for c in costs), 1),
+            "processes": len(costs),
+            "rss_mib": round(rss[name] / 2**20, 1),
+        }
+    return out
+
+
+def go_peer_reference(results: Path) -> dict[str, Any]:
+    """The kubelet bench's idle figures of the Go stub and of our daemon, newest full run."""
+    full = sorted(results.glob("*-full.json"))
+    if not full:
+        return {"na": "no full run in bench/results"}
+    idle = json.loads(full[-1].read_text()).get("figures", {}).get("idle", {})
+    pick = ("cpu_s_per_min", "switches_per_min")
+    return {
+        "source": full[-1].name,
+        **{peer: {k: idle[peer][k] for k in pick if k in idle[peer]} for peer in ("go-stub", "ours") if peer in idle},
+    }
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", nargs="?", choices=["run", "host"], default="run")
+    parser.add_argument("--device", default="/dev/kvm")
+    parser.add_argument("--probes", type=int, default=200)
+    parser.add_argument("--period", type=float, default=60.0)
+    parser.add_argument("--seconds", type=float, default=600.0)
+    parser.add_argument("--results-dir", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    if args.mode == "host":
+        asyncio.run(host(args.period, args.device))
+        return 0
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    probe = asyncio.run(per_probe(args.device, args.probes))
+    period = at_period(args.device, args.period, args.seconds)
+    per_hour_s = probe["reuse"]["cpu_ms_per_probe"] / 1000.0 * 3600.0 / 60.0
+    result = {
+        "command": "python -m bench.kvm_probe " + " ".join(argv),
+        "started_utc": stamp,
+        "device": args.device,
+        "machine": {"nproc": os.cpu_count(), "loadavg_at_end": list(os.getloadavg()), "kernel": os.uname().release},
+        "per_probe": probe,
+        "at_period": period,
+        "budget": {
+            "period_s": 60,
+            "cpu_s_per_hour": round(per_hour_s, 3),
+            "core_percent": round(100 * per_hour_s / 3600.0, 4),
+            "limit_percent": 1.0,
+        },
+        "go_peer_reference": go_peer_reference(args.results_dir),
+    }
+    text = json.dumps(result, indent=2)
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    (args.results_dir / f"{stamp}-kvm-probe.json").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,33 @@
+"""bench/kvm_probe.py keeps working: a tiny run end to end on this machine's /dev/kvm.
+
+Behaviour only (every part measured, the file written); timings are never asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.harness.require import require
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_a_tiny_run_measures_every_part(tmp_path: Path) -> None:
+    require(os.path.exists("/dev/kvm"), "no /dev/kvm on this machine")
+    require(os.access("/dev/kvm", os.R_OK | os.W_OK), "the KVM probe bench needs /dev/kvm (root here)")
+    args = ["--probes", "5", "--period", "1", "--seconds", "3", "--results-dir", str(tmp_path)]
+    subprocess.run([sys.executable, "-m", "bench.kvm_probe", *args], cwd=REPO, check=True, timeout=120,
+                   capture_output=True)  # fmt: skip
+    [written] = tmp_path.glob("*-kvm-probe.json")
+    result = json.loads(written.read_text())
+    for way in ("reuse", "worker_per_probe"):
+        assert result["per_probe"][way]["probes"] == 5
+        assert result["per_probe"][way]["cpu_ms_per_probe"] > 0
+    assert result["at_period"]["probing"]["processes"] == 2  # the host and its worker
+    assert result["at_period"]["no-prober"]["processes"] == 1
+    assert result["budget"]["limit_percent"] == 1.0
+    assert "na" in result["go_peer_reference"]  # no full run in this results directory
