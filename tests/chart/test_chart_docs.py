@@ -21,6 +21,7 @@ from tests.harness.chart import CHART, Helm, by_kind, daemonsets
 WHOLE = {
     "deviceConfig.resources", "updateStrategy", "resources", "livenessProbe", "readinessProbe",
     "podSecurityContext", "securityContext", "nodeSelector", "tolerations",
+    "test.podSecurityContext", "test.resources",
 }  # fmt: skip
 
 

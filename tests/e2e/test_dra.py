@@ -32,11 +32,13 @@ from tests.e2e.userpath import (
     NAMESPACE,
     RELEASE,
     RESOURCE,
+    TEST_SELECTOR,
     TUN,
     Helm,
     booted_as_shipped,
     claiming,
     ensure_workload_namespace,
+    helm_test_passed,
     make_helm,
     metrics,
     plugin_pods,
@@ -207,6 +209,25 @@ def holder_report(cluster: Cluster, name: str) -> QemuRun | None:
 
 def _report(cluster: Cluster, name: str) -> Callable[[], QemuRun | None]:
     return lambda: holder_report(cluster, name)
+
+
+def test_helm_test_verifies_through_a_claim(
+    cluster_containerd2: Cluster, helm_containerd2: Helm, installed: None
+) -> None:
+    """dra mode: the chart's test pod gets /dev/kvm through a ResourceClaimTemplate of
+    kvm.ate.dev (no extended resource), non-root with no capability, and verify runs a VM."""
+    start = time.monotonic()
+    out = helm_containerd2.run("test", RELEASE, "--namespace", NAMESPACE, "--logs", "--timeout", "3m", check=False)
+    print(f"helm test (dra) exit {out.returncode} after {time.monotonic() - start:.1f}s:\n{out.stdout}{out.stderr}")
+    assert out.returncode == 0
+    (pod,) = helm_test_passed(cluster_containerd2, out.stdout)
+    (claim,) = pod["spec"]["resourceClaims"]
+    templates = cluster_containerd2.get_json("resourceclaimtemplates", "-n", NAMESPACE, "-l", TEST_SELECTOR)["items"]
+    assert [t["metadata"]["name"] for t in templates] == [claim["resourceClaimTemplateName"]]
+    (request,) = templates[0]["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == DEVICE_CLASS
+    assert RESOURCE not in pod["spec"]["containers"][0]["resources"].get("limits", {})
+    cluster_containerd2.kubectl("delete", "pods", "-n", NAMESPACE, "-l", TEST_SELECTOR, "--wait=true", timeout=120)
 
 
 def test_two_pods_hold_kvm_at_once_the_dra_panels_show_them_and_deleting_them_unprepares(

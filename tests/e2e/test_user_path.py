@@ -65,11 +65,13 @@ from tests.e2e.userpath import (
     PLUGIN_SELECTOR,
     RELEASE,
     RESOURCE,
+    TEST_SELECTOR,
     TUN,
     Helm,
     booted_as_shipped,
     ensure_workload_namespace,
     example_pod,
+    helm_test_passed,
     is_ready,
     make_helm,
     metrics,
@@ -251,6 +253,32 @@ def test_helm_install_makes_the_node_offer_kvm(
     table = user_helm.shell(doc_block("verify"), user_cluster.dir).stdout.splitlines()
     rows = [["NODE", "KVM"], *([n.name, "4096"] for n in user_cluster.nodes)]
     assert [row.split() for row in table[-len(rows) :]] == rows, table
+
+
+@every_release
+def test_helm_test_runs_a_vm_in_a_pod_and_on_every_node(
+    user_cluster: Cluster, installed: dict[str, Any], user_helm: Helm
+) -> None:
+    """chart/README.md's `helm test` as printed: one pod asking for ate.dev/kvm: 1, non-root
+    with no capability, runs `ate-devplugin verify` from the published image; then the
+    documented every-node commands: one pod per node offering the resource, each on its
+    node, all passing, and the plugin pods untouched by the upgrade that listed the nodes."""
+    for node in user_cluster.nodes:
+        node.wait_resource(RESOURCE, "4096")
+    start = time.monotonic()
+    out = user_helm.shell(doc_block("helm-test"), user_cluster.dir)
+    print(f"helm test returned after {time.monotonic() - start:.1f}s:\n{out.stdout}")
+    (pod,) = helm_test_passed(user_cluster, out.stdout)
+    assert pod["spec"]["containers"][0]["resources"]["limits"][RESOURCE] == "1"
+    plugins = sorted(p["metadata"]["uid"] for p in plugin_pods(user_cluster))
+    start = time.monotonic()
+    out = user_helm.shell(doc_block("helm-test-every-node"), user_cluster.dir)
+    print(f"every node: upgrade and helm test returned after {time.monotonic() - start:.1f}s:\n{out.stdout}")
+    pods = helm_test_passed(user_cluster, out.stdout)
+    assert sorted(p["spec"]["nodeName"] for p in pods) == sorted(n.name for n in user_cluster.nodes)
+    assert sorted(p["metadata"]["uid"] for p in plugin_pods(user_cluster)) == plugins, "the DaemonSet rolled"
+    # Test pods stay until the next `helm test`, and helm uninstall leaves hooks' objects.
+    user_cluster.kubectl("delete", "pods", "-n", NAMESPACE, "-l", TEST_SELECTOR, "--wait=true", timeout=120)
 
 
 @every_release

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import re
 import subprocess
 import time
 import uuid
@@ -92,6 +93,44 @@ def make_helm(major: str, cluster: Cluster) -> Helm:
     path = helm_path(major)
     assert path is not None, f"helm {major} not built"
     return Helm(major, path, cluster)
+
+
+TEST_SELECTOR = "app.kubernetes.io/component=test"  # the chart's helm test objects
+
+
+def helm_test_passed(cluster: Cluster, out: str) -> list[dict[str, Any]]:
+    """The chart's `helm test --logs` output ``out``: every test pod succeeded and its log is
+    `ate-devplugin verify`'s report of a VM that ran guest code on API version 12, the test
+    pods themselves non-root with no capability. Prints the pods' user, capabilities, node
+    and each report; returns the pods."""
+    pods: list[dict[str, Any]] = cluster.get_json("pods", "-n", NAMESPACE, "-l", TEST_SELECTOR)["items"]
+    assert pods, out
+    phases = re.findall(r"^Phase:\s+(\S+)$", out, flags=re.MULTILINE)  # one per test hook: the pods
+    assert phases == ["Succeeded"] * len(pods), out
+    assert len(re.findall(r"^POD LOGS: ", out, flags=re.MULTILINE)) == len(pods), out
+    reports = re.findall(
+        r"^ate-devplugin verify (\S+)\n(.*?)^(PASS|FAIL)([^\n]*)$", out, flags=re.MULTILINE | re.DOTALL
+    )
+    assert len(reports) == len(pods), out
+    for device, body, verdict, rest in reports:
+        assert verdict == "PASS", f"{verdict}{rest}"
+        assert "  KVM API version: 12\n" in body, body
+        assert "hlt (expected out 0x3f8 '4', out 0x3f8 '\\n', hlt)" in body, body
+        assert re.fullmatch(rf": a VM ran guest code on {re.escape(device)} in [0-9.]+ ms", rest), rest
+    for pod in pods:
+        spec = pod["spec"]
+        (container,) = spec["containers"]
+        (status,) = pod["status"]["containerStatuses"]
+        assert (pod["status"]["phase"], status["state"]["terminated"]["exitCode"]) == ("Succeeded", 0)
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        user = spec["securityContext"]["runAsUser"]
+        print(
+            f"helm test pod {pod['metadata']['name']} on {spec['nodeName']}: uid {user}, "
+            f"capabilities drop ALL, resources {container['resources']}, exit 0"
+        )
+    return pods
 
 
 def plugin_pods(cluster: Cluster, node: Node | None = None) -> list[dict[str, Any]]:
