@@ -262,7 +262,8 @@ def test_helm_test_runs_a_vm_in_a_pod_and_on_every_node(
     """chart/README.md's `helm test` as printed: one pod asking for ate.dev/kvm: 1, non-root
     with no capability, runs `ate-devplugin verify` from the published image; then the
     documented every-node commands: one pod per node offering the resource, each on its
-    node, all passing, and the plugin pods untouched by the upgrade that listed the nodes."""
+    node, all passing, and the plugin pods untouched by the upgrade that listed the nodes;
+    then a device that is no KVM (/dev/null): `helm test` fails, the pod's log saying why."""
     for node in user_cluster.nodes:
         node.wait_resource(RESOURCE, "4096")
     start = time.monotonic()
@@ -277,6 +278,19 @@ def test_helm_test_runs_a_vm_in_a_pod_and_on_every_node(
     pods = helm_test_passed(user_cluster, out.stdout)
     assert sorted(p["spec"]["nodeName"] for p in pods) == sorted(n.name for n in user_cluster.nodes)
     assert sorted(p["metadata"]["uid"] for p in plugin_pods(user_cluster)) == plugins, "the DaemonSet rolled"
+    # A failing verdict fails `helm test`, the reason last in the pod's log: a device that is no KVM.
+    user_helm.run("upgrade", RELEASE, *user_helm.chart, "--namespace", NAMESPACE, "--reuse-values",
+                  "--set", "test.device=/dev/null", "--set-json", "test.nodes=[]")  # fmt: skip
+    failed = user_helm.run("test", RELEASE, "--namespace", NAMESPACE, "--logs", check=False)
+    print(f"helm test on /dev/null: exit {failed.returncode}\n{failed.stdout}{failed.stderr}")
+    assert failed.returncode != 0
+    assert re.search(r"^Phase:\s+Failed$", failed.stdout, flags=re.MULTILINE), failed.stdout
+    assert re.search(
+        r"^FAIL not-a-kvm-device: /dev/null: character device 1:3 does not answer KVM_GET_API_VERSION",
+        failed.stdout, flags=re.MULTILINE,
+    ), failed.stdout  # fmt: skip
+    user_helm.run("upgrade", RELEASE, *user_helm.chart, "--namespace", NAMESPACE, "--reuse-values",
+                  "--set", "test.device=")  # fmt: skip
     # Test pods stay until the next `helm test`, and helm uninstall leaves hooks' objects.
     user_cluster.kubectl("delete", "pods", "-n", NAMESPACE, "-l", TEST_SELECTOR, "--wait=true", timeout=120)
 

@@ -103,11 +103,12 @@ def helm_test_passed(cluster: Cluster, out: str) -> list[dict[str, Any]]:
     `ate-devplugin verify`'s report of a VM that ran guest code on API version 12, the test
     pods themselves non-root with no capability. Prints the pods' user, capabilities, node
     and each report; returns the pods."""
-    pods: list[dict[str, Any]] = cluster.get_json("pods", "-n", NAMESPACE, "-l", TEST_SELECTOR)["items"]
-    assert pods, out
+    names = re.findall(r"^POD LOGS: (\S+)$", out, flags=re.MULTILINE)  # this run's pods
+    assert names, out
+    pods = [cluster.get_json("pod", "-n", NAMESPACE, name) for name in names]
+    assert [p["metadata"]["labels"]["app.kubernetes.io/component"] for p in pods] == ["test"] * len(pods), names
     phases = re.findall(r"^Phase:\s+(\S+)$", out, flags=re.MULTILINE)  # one per test hook: the pods
     assert phases == ["Succeeded"] * len(pods), out
-    assert len(re.findall(r"^POD LOGS: ", out, flags=re.MULTILINE)) == len(pods), out
     reports = re.findall(
         r"^ate-devplugin verify (\S+)\n(.*?)^(PASS|FAIL)([^\n]*)$", out, flags=re.MULTILINE | re.DOTALL
     )
