@@ -15,12 +15,15 @@ Needs a KVM device this process may open (root here). Three parts:
   ``--period`` seconds with a reused worker (what the prober of docs/kvm-health.md will do), and ``host``
   with no prober at all (an idle asyncio process: the floor). CPU and context switches
   per minute of each (the prober's worker included), from /proc (``bench.procstat``).
+* ``daemon``: in the same window, our daemon itself (``ate-devplugin run``, no kubelet: its
+  agent waits, idle) over a device root holding a ``10:232`` node, once with
+  ``--kvm-probe local`` at ``--period`` (the daemon and its probe worker) and once with
+  ``--kvm-probe off``: what wiring the probe adds to the idle daemon.
 * ``budget``: the cost per hour at the default 60 s period from the per-probe figure,
   as a share of one core (the budget is 1 %).
 
 Next to it, for scale, the idle figures of the Go stub plugin and of our daemon from the
-newest full run (``figures.idle``: the kubelet bench's Go peer; the probe is not in that
-daemon yet: once wired, the suite measures it there, next to the same peer).
+newest full run (``figures.idle``: the kubelet bench's Go peer, registered and streaming).
 Writes ``bench/results/<UTC time>-kvm-probe.json`` and prints it.
 """
 
@@ -31,8 +34,10 @@ import asyncio
 import json
 import os
 import resource
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -145,8 +150,35 @@ def _start_host(period: float, device: str) -> tuple[subprocess.Popen[str], int]
     return proc, int(line[1])
 
 
-def at_period(device: str, period: float, seconds: float) -> dict[str, Any]:
-    hosts = {"probing": _start_host(period, device), "no-prober": _start_host(0, device)}
+def _start_daemon(probe: str, period: float, workdir: Path) -> tuple[subprocess.Popen[str], int]:
+    """Our daemon over a device root of one 10:232 node; its probe worker's pid (0: none)."""
+    root = workdir / probe
+    (root / "dev").mkdir(parents=True)
+    os.mknod(root / "dev" / "kvm", stat.S_IFCHR | 0o666, os.makedev(10, 232))
+    argv = [sys.executable, "-m", "ate_devplugin", "run", "--device-root", str(root / "dev"),
+            "--plugin-dir", str(root), "--cdi-dir", str(root / "cdi"), "--metrics-address", "127.0.0.1:0",
+            "--kvm-probe", probe, "--kvm-probe-period", str(period), "--log-format", "json"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+    deadline = time.monotonic() + 30
+    while probe == "local" and time.monotonic() < deadline:
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        if children:
+            return proc, int(children[0])
+        time.sleep(0.1)
+    if probe == "local":
+        proc.kill()
+        raise RuntimeError("the daemon started no probe worker")
+    time.sleep(2)  # started, idle
+    return proc, 0
+
+
+def at_period(device: str, period: float, seconds: float, workdir: Path) -> dict[str, Any]:
+    hosts = {
+        "probing": _start_host(period, device),
+        "no-prober": _start_host(0, device),
+        "daemon-probing": _start_daemon("local", period, workdir),
+        "daemon-no-probe": _start_daemon("off", period, workdir),
+    }
     try:
         pids = {name: [p.pid] + ([worker] if worker else []) for name, (p, worker) in hosts.items()}
         before = {name: [procstat.Snapshot.take(pid) for pid in group] for name, group in pids.items()}
@@ -200,7 +232,8 @@ def main(argv: list[str]) -> int:
         return 0
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     probe = asyncio.run(per_probe(args.device, args.probes))
-    period = at_period(args.device, args.period, args.seconds)
+    with tempfile.TemporaryDirectory(prefix="kvm-probe-bench-") as workdir:
+        period = at_period(args.device, args.period, args.seconds, Path(workdir))
     per_hour_s = probe["reuse"]["cpu_ms_per_probe"] / 1000.0 * 3600.0 / 60.0
     result = {
         "command": "python -m bench.kvm_probe " + " ".join(argv),

@@ -45,7 +45,7 @@ def _default(option: Option[object]) -> str:
 def _when(option: Option[object]) -> str:
     applies = option.applies
     if applies.switch:
-        return f"with `{OPTIONS[applies.switch].flag} on`"
+        return f"unless `{OPTIONS[applies.switch].flag} off`"
     if set(applies.modes) != set(MODES):
         return "in mode " + " or ".join(_code(m) for m in applies.modes)
     return "always"

@@ -43,7 +43,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         "observability",  # metrics, traces, logs, HTTP endpoints
         "host kvm",  # devices, CDI specs, filesystem events, unix-socket servers; KVM's probe and facts
         "components",  # the protocol the supervisor drives
-        "deviceplugin dra podresources",  # the two ways of handing out devices, and who holds them: peers
+        "deviceplugin dra podresources kvmhealth",  # handing out devices (two ways), who holds them, KVM health
         "reload",  # reading the config file again
         "daemon",  # the supervisor
         "runtime",  # the composition root

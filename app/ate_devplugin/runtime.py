@@ -23,7 +23,7 @@ import grpc
 from prometheus_client import disable_created_metrics
 
 from ate_devplugin import config
-from ate_devplugin.components import Component, Resources
+from ate_devplugin.components import Component, Readiness, Resources
 from ate_devplugin.config import ConfigError
 from ate_devplugin.daemon import Daemon
 from ate_devplugin.deviceplugin.inventory import ResourceState
@@ -43,6 +43,7 @@ from ate_devplugin.settings import (
     DaemonSettings,
     DevicePluginSettings,
     DraSettings,
+    KvmHealthSettings,
     PodResourcesSettings,
     RuntimeSettings,
     Settings,
@@ -57,13 +58,14 @@ log = logging.getLogger("ate_devplugin")
 EXIT_RUNTIME = 1
 EXIT_CONFIG = 2
 RELOAD_SIGNALS = (signal.SIGHUP,)
+# Writes the daemon's state to the log (log_state), as operators expect of a daemon.
+STATE_SIGNALS = (signal.SIGUSR1,)
 # Every catchable signal whose default would end the process: each stops it cleanly, so
 # no stale socket stays behind. (Faults like SIGSEGV and the uncatchable SIGKILL aside.)
 STOP_SIGNALS = (
     signal.SIGTERM,
     signal.SIGINT,
     signal.SIGQUIT,
-    signal.SIGUSR1,
     signal.SIGUSR2,
     signal.SIGALRM,
     signal.SIGVTALRM,
@@ -129,16 +131,36 @@ async def serve(settings: Settings, resources: Resources, kube: ApiServer | None
     http.start()
     log.info("listening for metrics and probes", extra={"address": f"{host}:{http.port}"})
     # A parent may have left these blocked (the mask is inherited); we must hear them.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {*STOP_SIGNALS, *RELOAD_SIGNALS})
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {*STOP_SIGNALS, *RELOAD_SIGNALS, *STATE_SIGNALS})
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, daemon.request_stop, sig.name)
     for sig in RELOAD_SIGNALS:
         loop.add_signal_handler(sig, daemon.request_reload)
+    for sig in STATE_SIGNALS:
+        loop.add_signal_handler(sig, log_state, daemon)
     try:
         await daemon.run()
     finally:
         _close(http, tracing, part.close_s)
         log.info("stopped")
+
+
+def log_state(daemon: Daemon) -> None:
+    """SIGUSR1: what on-call asks first, in one log record; the daemon goes on."""
+    (ready, readiness), (alive, liveness) = daemon.readiness(), daemon.liveness()
+    state = {
+        "ready": ready,
+        "readiness": readiness,
+        "alive": alive,
+        "liveness": liveness,
+        "components": {c.name: c.readiness()[1] or "ready" for c in daemon.components if isinstance(c, Readiness)},
+        "resources": {
+            name: {"devices": [f"{n.host_path} {n.major}:{n.minor}" for n in found.nodes], "complete": found.complete}
+            for name, found in daemon.found.items()
+        },
+        "config": str(daemon.reader.path) if daemon.reader else None,
+    }
+    log.info("state", extra={"state": state})
 
 
 def build(
@@ -179,12 +201,27 @@ def components(
     # A DRA driver answers with CDI names only: then every resource needs its spec.
     specs = specs or cdi.CdiSpecs(part.cdi_dir, metrics, every_resource=kube is not None)
     built: list[Component] = []
-    plugin = dra = None
+    plugin = dra = kvm = None
+    kvm_part = settings.part(KvmHealthSettings)
+    if kvm_part.kvm_probe == "local":
+        from ate_devplugin.kvmhealth.monitor import KvmHealth
+        from ate_devplugin.observability.metrics import KvmMetrics
+
+        # First: a verdict a discovery decides at once (a node that is not 10:232) reaches
+        # the others before that discovery does, so no unit counts Healthy for an instant.
+        kvm = KvmHealth(kvm_part, KvmMetrics(metrics.registry))
+        built.append(kvm)
+        if kvm_part.nfd_features_dir:
+            from ate_devplugin.kvmhealth.labels import FeatureFile
+
+            kvm.listeners.append(FeatureFile(kvm_part.nfd_features_dir, DRA_DRIVER).on_kvm_verdict)
     if part.device_plugin:
         plugin_part = settings.part(DevicePluginSettings)
         ports = ports or host_ports(plugin_part, metrics, tracing, specs)
         plugin = DevicePlugin(plugin_part, ports, metrics, tracing.tracer)
         built.append(plugin)
+        if kvm is not None:
+            kvm.listeners.append(plugin.on_kvm_verdict)
     built.append(specs)
     if kube is not None:
         from ate_devplugin.dra.plugin import DraPlugin
@@ -194,10 +231,13 @@ def components(
             settings.part(DraSettings),
             kube,
             cdi.device_id,
-            DraMetrics(metrics.registry),
+            DraMetrics(metrics.registry, metrics.health_changed),
             tracing.tracer,
             specs.cdi_problem,
+            kvm=kvm is not None,
         )
+        if kvm is not None:
+            kvm.listeners.append(dra.on_kvm_verdict)
         built.append(dra)
     if part.pod_resources:
         from ate_devplugin.observability.metrics import PodResourcesMetrics

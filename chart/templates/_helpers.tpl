@@ -35,6 +35,40 @@ Usage: include "ate-devplugin.suffixed" (list . "dashboard-fleet")
 {{- end -}}
 
 {{/*
+The regular expression of the release's DaemonSets (every pool's): what the alerts'
+kube-state-metrics series select (prometheusrule.yaml) and the Fleet dashboard's hidden
+constant "daemonset", which its kube-state-metrics panels read (dashboards.yaml,
+persesdashboards.yaml).
+*/}}
+{{- define "ate-devplugin.daemonSetsPattern" -}}
+{{- $pools := dict "root" . -}}
+{{- include "ate-devplugin.poolContexts" $pools -}}
+{{- $daemonSets := list -}}
+{{- range $pools.contexts -}}
+{{- $daemonSets = append $daemonSets (include "ate-devplugin.daemonSetName" .) -}}
+{{- end -}}
+{{- join "|" $daemonSets -}}
+{{- end -}}
+
+{{/*
+The names that make the dashboards this release's own (dashboards.yaml and
+persesdashboards.yaml apply them), so that two releases side by side keep two sets:
+"prefix" starts their UIDs (Grafana's uid, Perses' metadata.name: <prefix>-fleet,
+<prefix>-node), tag and file names, "title" their titles ("<title> / Fleet"). Both are the
+full name, so the default release (ate-devplugin) keeps the generated ones; Grafana takes
+UIDs of at most 40 characters, so a longer prefix is cut and made unique with a hash of the
+full name.
+*/}}
+{{- define "ate-devplugin.dashboardNames" -}}
+{{- $full := include "ate-devplugin.fullname" . -}}
+{{- $prefix := $full -}}
+{{- if gt (len $full) 34 -}}
+{{- $prefix = printf "%s-%s" ($full | trunc 27 | trimSuffix "-") ($full | sha256sum | trunc 6) -}}
+{{- end -}}
+{{- dict "prefix" $prefix "title" $full | toJson -}}
+{{- end -}}
+
+{{/*
 Namespace of every object.
 */}}
 {{- define "ate-devplugin.namespace" -}}

@@ -78,6 +78,8 @@ def test_alert_conventions(rule: dict[str, Any]) -> None:
     assert set(notes) == {"summary", "description", "runbook_url"}
     assert "{{" not in notes["summary"], "the summary is static: it groups alerts in notifications"
     assert "{{" in notes["description"], "the description says which node / resource, from labels"
+    # On-call may have the alert and nothing else (a runbook link that does not open).
+    assert re.search(r"Check first: \S", notes["description"]), "the description says what to check first"
     assert notes["runbook_url"] == RUNBOOK_URL + rule["alert"].lower()
 
 

@@ -29,5 +29,7 @@ def test_a_tiny_run_measures_every_part(tmp_path: Path) -> None:
         assert result["per_probe"][way]["cpu_ms_per_probe"] > 0
     assert result["at_period"]["probing"]["processes"] == 2  # the host and its worker
     assert result["at_period"]["no-prober"]["processes"] == 1
+    assert result["at_period"]["daemon-probing"]["processes"] == 2  # our daemon and its probe worker
+    assert result["at_period"]["daemon-no-probe"]["processes"] == 1
     assert result["budget"]["limit_percent"] == 1.0
     assert "na" in result["go_peer_reference"]  # no full run in this results directory

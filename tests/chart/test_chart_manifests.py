@@ -140,7 +140,7 @@ def check_daemonset_security(ds: Manifest, values: dict[str, Any]) -> None:
         or any(r.get("allocate", "devices") != "devices" for r in resources)
         or mode != "device-plugin"
     )
-    pod_resources = values.get("podResources", {}).get("enabled", False)
+    pod_resources = values.get("podResources", {}).get("enabled", True)
     dra_paths = {"dra-registry", "dra-plugin"}
     if mode != "device-plugin":
         assert {n: host_paths.pop(n)["path"] for n in dra_paths} == {

@@ -83,7 +83,19 @@ def test_prometheus_rule_is_the_alerts_file(helm: Helm) -> None:
     if not ALERT_FILES:
         pytest.skip("no chart/files/alerts*.yaml yet")
     docs = helm.template(sets=["prometheusRule.enabled=true", "forceMonitoringApi=true"])
-    assert one(docs, "PrometheusRule")["spec"]["groups"] == _source_groups()
+    groups = _source_groups()
+    for group in groups:
+        for rule in group["rules"]:
+            rule["expr"] = _in_release(rule["expr"])
+    assert one(docs, "PrometheusRule")["spec"]["groups"] == groups
+
+
+def _in_release(expr: str) -> str:
+    """A source expression as the chart renders it for release ate (defaults otherwise): its
+    kube-state-metrics series read that release's DaemonSet, in its namespace."""
+    for label in ("created_by_name", "daemonset"):
+        expr = expr.replace(f'{label}="ate-devplugin"', f'namespace="ate-system", {label}=~"ate-ate-devplugin"')
+    return expr
 
 
 def test_prometheus_rule_options(any_helm: Helm, write_values: Any) -> None:
@@ -114,7 +126,7 @@ def test_prometheus_rule_options(any_helm: Helm, write_values: Any) -> None:
         assert got["labels"]["team"] == "platform"
         # A rule's own labels win over ruleLabels.
         assert got["labels"]["severity"] == rule["labels"]["severity"]
-        assert got["expr"] == rule["expr"]
+        assert got["expr"] == _in_release(rule["expr"])
         assert got["annotations"] == rule["annotations"]
     assert groups[-1] == {"name": "mine", "rules": [{"record": "x:y", "expr": "vector(1)"}]}
 
@@ -130,7 +142,7 @@ def test_dashboard_copy_in_sync() -> None:
 def test_one_config_map_per_dashboard(helm: Helm) -> None:
     if not DASHBOARDS:
         pytest.skip("no dashboards/*.json yet")
-    docs = helm.template()
+    docs = helm.template(release="ate-devplugin")  # the default release: its files as generated
     maps = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["labels"].get("grafana_dashboard") == "1"]
     assert len(maps) == len(DASHBOARDS)
     shipped = {key: value for cm in maps for key, value in cm["data"].items()}
@@ -197,6 +209,41 @@ def test_every_series_an_alert_reads_is_selected_by_job() -> None:
                 assert SOURCE_JOB in (found[2] or ""), f"{rule.get('alert')}: {found[0]} lacks {SOURCE_JOB}"
             for found in re.finditer(r"\b(by|on|without)\s*\(", rule["expr"]):
                 assert found[0] in ("by (", "on ("), f"{rule.get('alert')}: write {found[0]!r} as 'by (' or 'on ('"
+
+
+KSM_SERIES = re.compile(r"\b(kube_[a-z_]+)\b(\{[^}]*\})?")
+SOURCE_DAEMONSET = re.compile(r'\b(created_by_name|daemonset)="ate-devplugin"')
+
+
+def test_every_kube_state_metrics_series_names_the_source_daemonset() -> None:
+    """The chart makes created_by_name / daemonset="ate-devplugin" the release's DaemonSets:
+    a kube-state-metrics series without it would read every DaemonSet of the cluster."""
+    found = 0
+    for group in _source_groups():
+        for rule in group["rules"]:
+            for series in KSM_SERIES.finditer(rule["expr"]):
+                assert SOURCE_DAEMONSET.search(series[2] or ""), f"{rule.get('alert')}: {series[0]}"
+                found += 1
+    assert found >= 3
+
+
+def test_kube_state_metrics_series_follow_the_release(any_helm: Helm) -> None:
+    """Every pool's DaemonSet, in the release's namespace; another release's are not read."""
+    docs = any_helm.template(
+        sets=[
+            "prometheusRule.enabled=true",
+            "forceMonitoringApi=true",
+            "pools.a.nodeSelector.x=a",
+            "pools.b.nodeSelector.x=b",
+        ],
+        release="dra",
+        namespace="kvm",
+    )
+    expr = _alerts(docs)["AteDevpluginPodMissing"]["expr"]
+    assert not SOURCE_DAEMONSET.search(expr)
+    names = 'namespace="kvm", {}=~"dra-ate-devplugin-a|dra-ate-devplugin-b"'
+    assert expr.count(names.format("created_by_name")) == 1
+    assert expr.count(names.format("daemonset")) == 2
 
 
 def test_alerts_follow_the_release_name(any_helm: Helm) -> None:

@@ -1,6 +1,7 @@
 """The Perses dashboards as a person sees them: rendered by the upstream Perses panels in
 headless Chromium, against a real Prometheus fed by two daemons under the kubelet's real
-device manager (tests/harness/incident.py), for each picture of docs/dashboards.md.
+device manager and by the real kube-state-metrics (tests/harness/incident.py), for each
+picture of docs/dashboards.md.
 
 A picture fails when a panel shows an error, when a query of an open row gave no data
 (the scenario produces every series those rows read; the collapsed Pods and DRA rows are
@@ -19,8 +20,17 @@ from typing import Any
 
 import pytest
 
+from tests.harness import kube_state_metrics
 from tests.harness.devices import can_mknod
-from tests.harness.incident import PICTURES, IncidentScenario, Picture, incident_scenario
+from tests.harness.incident import (
+    GONE,
+    MISSING_ALERT,
+    PENDING_POD,
+    PICTURES,
+    IncidentScenario,
+    Picture,
+    incident_scenario,
+)
 from tests.harness.prometheus import INSTALL as PROMETHEUS_INSTALL
 from tests.harness.require import require, require_kubelet_bench, require_tool
 from tools import render_dashboards
@@ -35,6 +45,7 @@ def incident(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IncidentScena
     require_tool("prometheus", PROMETHEUS_INSTALL)
     require(can_mknod(), "cannot mknod a device node (root?)")
     require_kubelet_bench()
+    require(kube_state_metrics.missing() is None, str(kube_state_metrics.missing()))
     why = render_dashboards.missing()
     require(why is None, f"{why}; install: {render_dashboards.INSTALL}")
     with incident_scenario(tmp_path_factory.mktemp("incident")) as scenario:
@@ -66,13 +77,23 @@ def png_size(path: Path) -> tuple[int, int]:
     return width, height
 
 
-# What each state must show: the last value a stat's query gives (summed over its series).
-EXPECTED_STATS = {
-    ("ate-devplugin-fleet.json", "healthy"): {"Unhealthy units": 0, "Daemons up": 2, "Registered": 2},
-    ("ate-devplugin-fleet.json", "device-lost"): {"Unhealthy units": 4096, "Daemons up": 2},
-    ("ate-devplugin-node.json", "healthy"): {"Unhealthy units": 0, "Healthy units": 4096, "Registered": 1},
-    ("ate-devplugin-node.json", "device-lost"): {"Unhealthy units": 4096, "Healthy units": 0, "Device nodes": 0},
-}
+# What each state must show: per panel, the last value each query gives (summed over its series).
+UP_OF_EXPECTED = "Daemons up"
+EXPECTED_STATS: dict[tuple[str, str], dict[str, tuple[float, ...]]] = {
+    ("ate-devplugin-fleet.json", "healthy"): {
+        "Unhealthy units": (0,), UP_OF_EXPECTED: (2, 2), "Daemons down": (0,), "Registered": (2,),
+        "Plugin pods, by node": (0,),
+    },
+    ("ate-devplugin-fleet.json", "device-lost"): {"Unhealthy units": (4096,), UP_OF_EXPECTED: (2, 2)},
+    # node-b's pod Pending, without a target: one down, one of two expected up, one pod not reporting.
+    ("ate-devplugin-fleet.json", "pod-missing"): {
+        UP_OF_EXPECTED: (1, 2), "Daemons down": (1,), "Plugin pods, by node": (1,), "Unhealthy units": (0,),
+    },
+    ("ate-devplugin-node.json", "healthy"): {"Unhealthy units": (0,), "Healthy units": (4096,), "Registered": (1,)},
+    ("ate-devplugin-node.json", "device-lost"): {
+        "Unhealthy units": (4096,), "Healthy units": (0,), "Device nodes": (0,),
+    },
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("picture", PICTURES, ids=[p.png.removesuffix(".png") for p in PICTURES])
@@ -101,9 +122,14 @@ def test_rendered_dashboard_shows_the_scenario(
     assert not problems, f"{picture.png}:\n" + "\n".join(problems)
 
     for title, expected in EXPECTED_STATS[(picture.dashboard, picture.state)].items():
-        (query,) = panels[title]
-        shown = sum(v for v in results[query].last if not math.isnan(v))
+        shown = tuple(sum(v for v in results[query].last if not math.isnan(v)) for query in panels[title])
         assert shown == expected, f"{picture.png}: {title} shows {shown}, the scenario made {expected}"
+
+    if picture.state == "pod-missing":
+        firing = [a for a in incident.prometheus.alerts() if a["labels"]["alertname"] == MISSING_ALERT]
+        assert [(a["state"], a["labels"]["node"], a["labels"]["pod"]) for a in firing] == [
+            ("firing", GONE, PENDING_POD)
+        ], firing
 
     width, height = png_size(rendered.png)
     assert width == render_dashboards.WIDTH

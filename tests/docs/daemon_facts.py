@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
 from ate_devplugin.cli import build_parser
-from ate_devplugin.observability.metrics import DraMetrics, Metrics, PodResourcesMetrics
+from ate_devplugin.observability.metrics import DraMetrics, KvmMetrics, Metrics, PodResourcesMetrics
 from ate_devplugin.settings import OPTIONS
 
 __all__ = ["OPTIONS", "metric_labels", "run_flags"]
@@ -26,9 +26,9 @@ def metric_labels() -> dict[str, set[str]]:
     """Every ``ate_devplugin_*`` series name the daemon can export (DRA and PodResources
     included), with its label names."""
     registry = CollectorRegistry()
-    Metrics(registry)
-    DraMetrics(registry)
+    DraMetrics(registry, Metrics(registry).health_changed)
     PodResourcesMetrics(registry)
+    KvmMetrics(registry)
     out: dict[str, set[str]] = {}
     for family in registry.collect():
         if not family.name.startswith("ate_devplugin_"):

@@ -10,6 +10,11 @@ through ``http_sd_configs`` from :class:`EndpointsDiscovery`, which reads the Se
 EndpointSlices and Pods from the API server on every refresh and labels each endpoint with
 the ``__meta_kubernetes_*`` labels Prometheus' own discovery (role ``endpoints``) gives it.
 Prometheus applies the relabelling itself, as it would with its own discovery.
+
+With ``kube_state_metrics``, the real kube-state-metrics (tools/build-kube-state-metrics.sh)
+runs in the sandbox too, reading the cluster's API server, and is scraped as
+kube-prometheus-stack scrapes it (honor_labels): the plugin pods and the DaemonSet as the
+cluster's controllers and kubelets report them.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ import yaml
 from tests.e2e.cluster import Cluster, Node
 from tests.e2e.sandbox import Process
 from tests.e2e.userpath import CHART, NAMESPACE, RELEASE
+from tests.harness import kube_state_metrics
+from tests.harness.net import free_port
 from tests.harness.prometheus import Prometheus, PrometheusConfig
 
 
@@ -42,6 +49,18 @@ def rendered_service_monitor(helm_binary: str) -> dict[str, Any]:
     )  # fmt: skip
     doc: dict[str, Any] = yaml.safe_load(out.stdout)
     return doc
+
+
+def rendered_rules(helm_binary: str, dest: Path, *sets: str) -> Path:
+    """The release's alert rules as the chart renders them (``sets`` added), as a rule file."""
+    out = subprocess.run(
+        [helm_binary, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--set", "prometheusRule.enabled=true",
+         "--set", "forceMonitoringApi=true", *(a for s in sets for a in ("--set", s)),
+         "--show-only", "templates/prometheusrule.yaml"],
+        capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    dest.write_text(yaml.safe_dump({"groups": yaml.safe_load(out.stdout)["spec"]["groups"]}))
+    return dest
 
 
 def _label_name(name: str) -> str:
@@ -137,11 +156,17 @@ class ServiceMonitorConfig(PrometheusConfig):
     """What the operator generates for one ServiceMonitor endpoint (discovery: see above)."""
 
     def __init__(
-        self, monitor: dict[str, Any], discovery_url: str, scrape_interval: str = "2s", rule_files: Sequence[Path] = ()
+        self,
+        monitor: dict[str, Any],
+        discovery_url: str,
+        scrape_interval: str = "2s",
+        rule_files: Sequence[Path] = (),
+        extra_scrape_configs: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         super().__init__(
-            scrape_interval=scrape_interval, evaluation_interval=scrape_interval, exemplars=False, rule_files=rule_files
-        )
+            scrape_interval=scrape_interval, evaluation_interval=scrape_interval, exemplars=False,
+            rule_files=rule_files, extra_scrape_configs=extra_scrape_configs,
+        )  # fmt: skip
         self.monitor = monitor
         self.discovery_url = discovery_url
 
@@ -174,7 +199,7 @@ class ServiceMonitorConfig(PrometheusConfig):
                 "scheme": endpoint.get("scheme", "http"),
                 "http_sd_configs": [{"url": self.discovery_url, "refresh_interval": "2s"}],
                 "relabel_configs": relabel,
-            }],
+            }, *self.extra_scrape_configs],
         }  # fmt: skip
 
 
@@ -219,26 +244,52 @@ class SandboxPrometheus(Prometheus):
 
 
 @contextlib.contextmanager
-def scraping(cluster: Cluster, helm_binary: str, rule_files: Sequence[Path] = ()) -> Iterator[SandboxPrometheus]:
+def scraping(
+    cluster: Cluster, helm_binary: str, rule_files: Sequence[Path] = (), *, with_kube_state_metrics: bool = False
+) -> Iterator[SandboxPrometheus]:
     """A Prometheus in ``cluster``'s sandbox scraping what the chart's ServiceMonitor selects
-    (on every node), with ``rule_files`` loaded, until the block ends. Started after the
-    chart is installed: the discovery serves the release's namespace."""
+    (on every node), and kube-state-metrics if asked, with ``rule_files`` loaded, until the
+    block ends. Started after the chart is installed: the discovery serves the release's
+    namespace."""
     monitor = rendered_service_monitor(helm_binary)
     discovery = EndpointsDiscovery(cluster, monitor["spec"]["namespaceSelector"]["matchNames"][0])
+    extra: list[dict[str, Any]] = []
+    ksm: Process | None = None
+    if with_kube_state_metrics:
+        ksm, address = start_kube_state_metrics(cluster)
+        extra.append(kube_state_metrics.scrape_config(address))
     discovery.start()
-    prom = SandboxPrometheus(cluster, ServiceMonitorConfig(monitor, discovery.url, rule_files=rule_files))
+    prom = SandboxPrometheus(
+        cluster, ServiceMonitorConfig(monitor, discovery.url, rule_files=rule_files, extra_scrape_configs=extra)
+    )
     try:
         prom.start()
         yield prom
     finally:
         prom.stop()
         discovery.stop()
+        if ksm is not None:
+            ksm.stop()
+            cluster.sandbox.processes.remove(ksm)
+
+
+def start_kube_state_metrics(cluster: Cluster) -> tuple[Process, str]:
+    """kube-state-metrics in the sandbox, with the cluster's admin kubeconfig; its address."""
+    binary = kube_state_metrics.binary()
+    assert binary is not None, f"kube-state-metrics not built: run {kube_state_metrics.INSTALL}"
+    port, telemetry = cluster.sandbox.in_netns(free_port), cluster.sandbox.in_netns(free_port)
+    process = cluster.sandbox.spawn("kube-state-metrics", [
+        str(binary), f"--kubeconfig={cluster.kubeconfig}", f"--resources={kube_state_metrics.RESOURCES}",
+        "--host=127.0.0.1", f"--port={port}", "--telemetry-host=127.0.0.1", f"--telemetry-port={telemetry}",
+    ])  # fmt: skip
+    return process, f"127.0.0.1:{port}"
 
 
 def dashboard_values(node: Node, resource: str = "ate.dev/kvm") -> dict[str, str]:
     """The dashboards' variables, as Grafana fills them for ``node`` and ``resource``."""
+    # $daemonset: the release's DaemonSet, as the chart sets that constant.
     return {"$__rate_interval": "1m", "$__range": "1h", "$cluster": "", "$job": "ate-devplugin", "$node": node.name,
-            "$instance": ".+", "$resource": resource.replace(".", "\\\\.")}  # fmt: skip
+            "$instance": ".+", "$resource": resource.replace(".", "\\\\."), "$daemonset": RELEASE}  # fmt: skip
 
 
 def dashboard_queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str, bool]]:

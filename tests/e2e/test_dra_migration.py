@@ -584,6 +584,18 @@ def test_the_two_releases_keep_each_their_own_objects(
     }
     assert dashboards[DP_RELEASE]
     assert len(dashboards[DRA_RELEASE]) == len(dashboards[DP_RELEASE])
+    # Grafana keeps one dashboard per uid: each release's boards have their own.
+    uids = {
+        release: {
+            json.loads(board)["uid"]
+            for name in names
+            for board in live(cluster_137, [("ConfigMap", NAMESPACE, name)])[("ConfigMap", name)]["data"].values()
+        }
+        for release, names in dashboards.items()
+    }
+    print(f"dashboard uids: {uids}")
+    assert len(uids[DP_RELEASE]) == len(uids[DRA_RELEASE]) >= 2
+    assert not uids[DP_RELEASE] & uids[DRA_RELEASE]
     # Each DaemonSet mounts its own release's config, which is that release's values.
     for release, allocate in ((DP_RELEASE, "cdi"), (DRA_RELEASE, None)):
         (ds,) = [n for k, _, n in objects[release] if k == "DaemonSet"]

@@ -57,7 +57,14 @@ from tests.e2e.cluster import (
     wait_until,
 )
 from tests.e2e.clusters import Clusters
-from tests.e2e.monitoring import SandboxPrometheus, dashboard_queries, dashboard_values, fill, scraping
+from tests.e2e.monitoring import (
+    SandboxPrometheus,
+    dashboard_queries,
+    dashboard_values,
+    fill,
+    rendered_rules,
+    scraping,
+)
 from tests.e2e.registry import Registry, serving
 from tests.e2e.userpath import (
     CHART,
@@ -319,9 +326,16 @@ def test_the_node_pulled_the_published_image(
 # --- 7 (started early: it watches the whole path). Prometheus through service discovery --
 
 
+# The chart's alert rules, AteDevpluginPodMissing's `for` cut short with the chart's own value.
+QUICK_POD_MISSING = "prometheusRule.alerts.AteDevpluginPodMissing.for=10s"
+
+
 @pytest.fixture(scope="module")
-def prometheus(user_cluster: Cluster, installed: dict[str, Any], user_helm: Helm) -> Iterator[SandboxPrometheus]:
-    with scraping(user_cluster, str(user_helm.path)) as prom:
+def prometheus(
+    user_cluster: Cluster, installed: dict[str, Any], user_helm: Helm, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SandboxPrometheus]:
+    rules = rendered_rules(str(user_helm.path), tmp_path_factory.mktemp("rules") / "alerts.yaml", QUICK_POD_MISSING)
+    with scraping(user_cluster, str(user_helm.path), [rules], with_kube_state_metrics=True) as prom:
         yield prom
 
 
@@ -826,7 +840,7 @@ def test_every_dashboard_query_returns_data_from_the_cluster(
     for path in sorted((REPO / "dashboards").glob("*.json")):
         for where, expr, instant in dashboard_queries(json.loads(path.read_text())):
             if reads_pod_resources(expr) or reads_dra(expr):
-                continue  # off by default: test_pods_holding_units.py and test_dra.py run these
+                continue  # what pods hold and DRA: test_pods_holding_units.py and test_dra.py run these
             query = fill(expr, values)
             checked += 1
             if instant:
@@ -857,6 +871,72 @@ def test_deleted_plugin_pod_exits_0_and_is_replaced(
     run = run_pod(user_cluster, worker("qemu-after-new-plugin-pod", node=node))
     booted_as_shipped(run, user_cluster.cgroup)
     print(f"plugin pod deleted in {took:.1f}s")
+
+
+def test_a_plugin_pod_that_cannot_start_shows_on_the_fleet_dashboard_and_fires_its_alert(
+    user_cluster: Cluster, installed: dict[str, Any], user_helm: Helm, prometheus: SandboxPrometheus
+) -> None:
+    """An upgrade to a device-plugin directory the node does not have (another distribution's
+    path): the DaemonSet replaces the plugin pod with one that stays Pending, its host path not
+    mounted, so without an IP and without a scrape target. kube-state-metrics reports it from
+    the cluster's own controllers and kubelet; the Fleet dashboard's queries count the node
+    down and list the pod, and AteDevpluginPodMissing (its `for` cut to 10 s by the chart's
+    value) fires with the pod and the node. Then helm puts the release back."""
+    node = user_cluster.node
+    values = dashboard_values(node)
+    fleet = {p["title"]: p for p in fleet_panels()}
+    old = only_plugin_pod(user_cluster, node)
+    wrong = "hostPaths.devicePlugins=/var/lib/k0s/kubelet/device-plugins"  # not on this node
+    began = time.monotonic()
+    user_helm.run("upgrade", RELEASE, *user_helm.chart, "--namespace", NAMESPACE, "--reset-values",
+                  *user_helm.image_values, "--set", wrong)  # fmt: skip
+
+    def not_mounted() -> dict[str, Any] | None:
+        about = "involvedObject.kind=Pod,reason=FailedMount"
+        events = user_cluster.get_json("events", "-n", NAMESPACE, "--field-selector", about)["items"]
+        failed = {e["involvedObject"]["name"] for e in events}
+        return next(
+            (p for p in plugin_pods(user_cluster, node)
+             if p["metadata"]["uid"] != old["metadata"]["uid"] and p["status"].get("phase") == "Pending"
+             and not p["status"].get("podIP") and p["metadata"]["name"] in failed),
+            None,
+        )  # fmt: skip
+
+    try:
+        pending = wait_until("the new plugin pod Pending, its host path not mounted", not_mounted, 180)
+        name = pending["metadata"]["name"]
+        prometheus.wait_for(f'kube_pod_status_phase{{pod="{name}", phase="Pending"}} == 1', timeout=60)
+        alert = f'ALERTS{{alertname="AteDevpluginPodMissing", alertstate="firing", pod="{name}", node="{node.name}"}}'
+        try:
+            prometheus.wait_for(alert, timeout=120)
+            fired = time.monotonic() - began
+        except TimeoutError:
+            (rule,) = [r for r in prometheus.rules() if r["name"] == "AteDevpluginPodMissing"]
+            print(f"rule: {json.dumps(rule, indent=1)}\nits expression now: {prometheus.query(rule['query'])}")
+            raise
+
+        def instant(title: str, ref: int = 0) -> list[Any]:
+            return prometheus.query(fill(fleet[title]["targets"][ref]["expr"], values))
+
+        assert [s.value for s in instant("Daemons down")] == [1]
+        assert [s.value for s in instant("Daemons up")] == [0]
+        assert [s.value for s in instant("Daemons up", 1)] == [1], "one node expected"
+        rows = {(s.labels["node"], s.labels["pod"], s.labels["phase"]) for s in instant("Plugin pods, by node")}
+        assert rows == {(node.name, name, "Pending")}
+        assert [s.value for s in instant("Plugin pods, by node")] == [1], "not reporting: yes"
+        assert [(s.labels["node"], s.value) for s in instant("Daemon up, by node")] == [(node.name, 0)]
+        print(f"{name} Pending without an IP; AteDevpluginPodMissing firing {fired:.0f}s after the upgrade; Fleet: "
+              f"Daemons up 0 of 1 expected, Daemons down 1, Plugin pods {sorted(rows)} not reporting")  # fmt: skip
+    finally:
+        user_helm.upgrade()
+    wait_plugin_ready(user_cluster, node)
+    node.wait_resource(RESOURCE, "4096")
+    prometheus.wait_for('absent(ALERTS{alertname="AteDevpluginPodMissing"})', timeout=120)
+
+
+def fleet_panels() -> list[dict[str, Any]]:
+    dashboard = json.loads((REPO / "dashboards" / "ate-devplugin-fleet.json").read_text())
+    return [p for top in dashboard["panels"] for p in (top.get("panels", []) if top["type"] == "row" else [top])]
 
 
 # --- 5. helm upgrade ------------------------------------------------------------------------

@@ -65,6 +65,15 @@ def reads_dra(expr: str) -> bool:
     return DRA_SERIES.search(expr) is not None
 
 
+# Series of kube-state-metrics (kube_*), which reads the API server: the fleet scenario has
+# none; the incident scenario (tests/harness/incident.py) and the e2e clusters do.
+KSM_SERIES = re.compile(r"\bkube_\w+")
+
+
+def reads_kube_state_metrics(expr: str) -> bool:
+    return KSM_SERIES.search(expr) is not None
+
+
 def write_atomically(path: Path, text: str) -> None:
     """Replace ``path`` in one rename, as a ConfigMap update does."""
     tmp = path.with_name(f".{path.name}.tmp")

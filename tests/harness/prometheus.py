@@ -91,6 +91,8 @@ class PrometheusConfig:
     evaluation_interval: str = "1s"
     exemplars: bool = True
     extra_flags: Sequence[str] = field(default_factory=tuple)
+    # Other jobs, as Prometheus' scrape_configs take them (kube-state-metrics).
+    extra_scrape_configs: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
 
     def render(self) -> dict[str, Any]:
         relabel = [
@@ -109,7 +111,8 @@ class PrometheusConfig:
                     "job_name": self.job,
                     "static_configs": [{"targets": [t.address], "labels": t.static_labels()} for t in self.targets],
                     "relabel_configs": relabel,
-                }
+                },
+                *self.extra_scrape_configs,
             ],
         }
 

@@ -192,6 +192,7 @@ def _daemon_args(port: int) -> list[str]:
         f"--metrics-address=127.0.0.1:{port}",
         "--log-format=json",
         "--log-level=info",
+        "--kvm-probe=off",
     ]  # fmt: skip
 
 

@@ -18,6 +18,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,9 +33,13 @@ from ate_devplugin.kvm.probe import check
 from ate_devplugin.kvm.reasons import Reason
 from ate_devplugin.observability.metrics import DraMetrics
 from ate_devplugin.tasks import Guard, cancel
-from tests.harness import apiserver
+from tests.harness import apiserver, dra
 from tests.harness.apiserver import ApiServer
+from tests.harness.devices import DeviceNumber, add_device_node, make_device_root
+from tests.harness.faults import SpawnDaemon
+from tests.harness.kubelet import Namespace
 from tests.harness.require import missing
+from tests.harness.wait import wait_until
 
 KVM = "ate.dev/kvm"
 DRIVER = "ate.dev"
@@ -275,5 +280,35 @@ async def test_on_1_37_claims_select_on_the_attributes(
                 message = await eventually(partial(workers.unschedulable, name), f"{name} unschedulable")
                 print(f"{name}: {message}")
                 assert workers.allocation(name) == []
+    finally:
+        workers.remove()
+
+
+@ON_1_37
+def test_on_1_37_the_daemons_own_probe_keeps_new_claims_off_a_broken_device(
+    api: ApiServer, node: str, spawn_daemon: SpawnDaemon, tmp_path: Path
+) -> None:
+    """The whole path: our daemon (mode dra, --kvm-probe local) over a 1:3 node named kvm
+    taints its devices, the scheduler allocates no new claim; the real node back, the
+    probe passes, the taint goes and the claim is allocated."""
+    root = make_device_root(tmp_path / "dev", {"kvm": DeviceNumber(1, 3)})
+    workers = Workers(api)
+    try:
+        with Namespace() as ns:
+            args = ["--mode", "dra", "--node-name", node, "--dra-slots", "2", *dra.DAEMON_ARGS]
+            d = spawn_daemon(root, ns=ns, env={"KUBECONFIG": str(api.kubeconfig())}, args=args)
+            wait_until(lambda: d.metric("ate_devplugin_dra_tainted_devices", resource_name=KVM) == 3, 30, "tainted")
+            wait_until(lambda: d.metric("ate_devplugin_dra_slices_in_sync") == 1, 30, "published")
+            workers.add("worker")
+            message = wait_until(lambda: workers.unschedulable("worker"), 60, "the pod unschedulable")
+            print("broken device:", message)
+            assert workers.allocation("worker") == []
+            (root / "kvm").unlink()
+            add_device_node(root, "kvm", "/dev/kvm")
+            wait_until(lambda: workers.bound_to("worker") == node, 60, "the pod bound once the probe passes")
+            [result] = workers.allocation("worker")
+            assert (result["driver"], result["pool"]) == (DRIVER, node)
+            assert d.metric("ate_devplugin_dra_tainted_devices", resource_name=KVM) == 0
+            d.stop()
     finally:
         workers.remove()

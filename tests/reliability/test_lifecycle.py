@@ -247,7 +247,7 @@ def test_sighup_reloads_the_config(spawn_daemon: SpawnDaemon, device_root: Path,
     assert alive(d)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGUSR2, signal.SIGQUIT, signal.SIGINT, signal.SIGALRM])
 def test_terminating_signals_leave_no_stale_socket(
     spawn_daemon: SpawnDaemon, device_root: Path, tmp_path: Path, sig: signal.Signals
 ) -> None:
@@ -260,6 +260,25 @@ def test_terminating_signals_leave_no_stale_socket(
     assert rc == 0
     assert not (plugins / SOCKET).exists()
     assert log_matches(d.log_lines(), "stopped")
+
+
+def test_sigusr1_writes_the_state_to_the_log_and_nothing_stops(
+    spawn_daemon: SpawnDaemon, device_root: Path, tmp_path: Path
+) -> None:
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    d = spawn_daemon(device_root, plugin_dir=str(plugins))
+    wait_until((plugins / SOCKET).is_socket, 10, "our socket")
+    assert d.proc is not None
+    d.proc.send_signal(signal.SIGUSR1)
+    wait_until(lambda: any(line.get("msg") == "state" for line in d.log_lines()), 10, "the state logged")
+    (state,) = [line["state"] for line in d.log_lines() if line.get("msg") == "state"]
+    print(f"SIGUSR1: {state}")
+    assert alive(d)
+    assert (plugins / SOCKET).is_socket()
+    assert state["resources"]["ate.dev/kvm"] == {"devices": ["/dev/kvm 10:232"], "complete": True}
+    assert set(state["components"]) == {"device plugin", "CDI specs", "kvm probe"}
+    assert state["alive"] is True
 
 
 def big_config(size: int) -> str:

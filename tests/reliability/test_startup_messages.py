@@ -53,7 +53,7 @@ def test_settings_that_do_nothing_are_warned_about_at_start(
         root,
         plugin_dir=str(plugin_dir),
         config="resources: [{name: ate.dev/kvm, devices: [/dev/kvm], cdi: {file_mode: '0666'}}]\n",
-        args=["--dra-slots", "8", "--pod-resources-interval", "5"],
+        args=["--dra-slots", "8", "--pod-resources", "off", "--pod-resources-interval", "5"],
         env={"ATE_DEVPLUGIN_REGISTRY_DIR": "/var/lib/kubelet/plugins_registry"},
     )
     warnings = [(line["setting"], line["msg"]) for line in d.log_lines() if line.get("level") == "warning"]

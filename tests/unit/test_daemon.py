@@ -60,6 +60,7 @@ class Setup:
             "device_root": str(tmp_path / "dev"),
             "plugin_dir": str(tmp_path / "plugins"),
             "cdi_dir": str(tmp_path / "cdi"),
+            "kvm_probe": "off",  # these nodes are 10:200; tests/unit/kvmhealth probes
             **(flags or {}),
         }
         if config is not None:
@@ -176,7 +177,7 @@ async def test_a_rejected_reload_keeps_the_running_config(tmp_path: Path) -> Non
 TORN = "resources: [{name: ate.dev/kvm, devices: [/dev/kvm]}, {name: ate.dev/tun, devices: [/dev/net/"
 
 
-@pytest.mark.parametrize("torn", [TORN, KVM_ONLY], ids=["invalid", "valid"])
+@pytest.mark.parametrize("torn", ["", TORN, KVM_ONLY], ids=["truncated", "invalid", "valid"])
 async def test_a_torn_write_restarts_nothing(tmp_path: Path, torn: str) -> None:
     """The file written in place in two steps: its first part (valid or not) is never
     judged, so the unchanged resources keep their agents and nothing is counted."""
@@ -434,8 +435,11 @@ async def test_the_first_list_follows_the_first_discovery_whatever_the_start_ord
     await asyncio.wait_for(task, 5)
 
 
-async def test_off_by_default_reads_no_pods(tmp_path: Path) -> None:
-    s = Setup(tmp_path)
+async def test_on_by_default_and_off_reads_no_pods(tmp_path: Path) -> None:
+    (tmp_path / "default").mkdir()
+    (tmp_path / "off").mkdir()
+    assert [c for c in Setup(tmp_path / "default").daemon.components if isinstance(c, PodResourcesWatch)]
+    s = Setup(tmp_path / "off", flags={"pod_resources": "off"})
     task = await running(s)
     assert not [c for c in s.daemon.components if isinstance(c, PodResourcesWatch)]
     assert s.sample("ate_devplugin_pod_resources_requests_total", result="unavailable") is None

@@ -66,7 +66,7 @@ async def _serving(caplog: pytest.LogCaptureFixture, settings: Settings) -> tupl
     return serving, "http://" + (await logged(caplog, "listening for metrics and probes")).__dict__["address"]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGQUIT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR2, signal.SIGQUIT])
 def test_serve_stops_on_a_terminating_signal(tmp_path: Path, caplog: pytest.LogCaptureFixture, sig: int) -> None:
     settings = settings_in(tmp_path)
     answers: list[tuple[int, str]] = []
@@ -86,6 +86,42 @@ def test_serve_stops_on_a_terminating_signal(tmp_path: Path, caplog: pytest.LogC
     assert "stopping" in messages
     assert "stopped" in messages
     assert any(getattr(r, "why", None) == signal.Signals(sig).name for r in caplog.records)
+
+
+def test_sigusr1_writes_the_state_to_the_log_and_the_daemon_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = settings_in(tmp_path)
+    answers: list[tuple[int, str]] = []
+
+    async def main() -> None:
+        serving, url = await _serving(caplog, settings)
+        try:
+            await logged(caplog, "started")
+            os.kill(os.getpid(), signal.SIGUSR1)
+            await logged(caplog, "state")
+            answers.append(await asyncio.to_thread(get, f"{url}/readyz"))
+            assert not serving.done()
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.wait_for(serving, 10)
+
+    with caplog.at_level(logging.DEBUG, logger="ate_devplugin"):
+        asyncio.run(main())
+    assert answers == [(200, "ok: 0 of 1 resources present and registered\n")]
+    (record,) = [r for r in caplog.records if r.getMessage() == "state"]
+    state = record.__dict__["state"]
+    assert state["ready"] is True
+    assert state["alive"] is True
+    assert state["components"] == {
+        "device plugin": "ok: 0 of 1 resources present and registered",
+        "CDI specs": "ready",
+        "kvm probe": "ready",
+    }
+    assert state["resources"] == {"ate.dev/kvm": {"devices": [], "complete": False}}
+    assert state["config"] == str(tmp_path / "config.yaml")
+    # Stopped by the SIGTERM that followed, not by SIGUSR1.
+    assert [getattr(r, "why", None) for r in caplog.records if r.getMessage() == "stopping"] == ["SIGTERM"]
 
 
 def test_sighup_reloads_the_config_file(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -120,7 +156,7 @@ def test_sighup_reloads_the_config_file(tmp_path: Path, caplog: pytest.LogCaptur
     assert reloaded.__dict__["resources"] == ["ate.dev/kvm", "ate.dev/tun"]
 
 
-def test_device_plugin_mode_loads_no_kubernetes_client_nor_pod_reader() -> None:
+def test_device_plugin_mode_loads_no_kubernetes_client_nor_pod_reader_when_off() -> None:
     import subprocess
     import sys
 
@@ -130,22 +166,22 @@ def test_device_plugin_mode_loads_no_kubernetes_client_nor_pod_reader() -> None:
         "from ate_devplugin.observability.metrics import Metrics\n"
         "from ate_devplugin.observability.tracing import setup_tracing\n"
         "from ate_devplugin.settings import resolve\n"
-        "s, m, t = resolve({}, {}), Metrics(), setup_tracing({})\n"
+        "s, m, t = resolve({'pod_resources': 'off'}, {}), Metrics(), setup_tracing({})\n"
         "built = runtime.components(s, m, t, None)\n"
         "print([c.name for c in built])\n"
         "print(sorted(n for n in sys.modules if n.startswith(('lightkube', 'httpx', 'ate_devplugin.dra'))))\n"
         "print(sorted(n for n in sys.modules if 'podresources' in n))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
-    assert out.stdout.splitlines() == ["['device plugin', 'CDI specs']", "[]", "[]"]
+    assert out.stdout.splitlines() == ["['kvm probe', 'device plugin', 'CDI specs']", "[]", "[]"]
 
 
 @pytest.mark.parametrize(
     ("mode", "built"),
     [
-        ("device-plugin", ["device plugin", "CDI specs", "pod resources"]),
-        ("both", ["device plugin", "CDI specs", "DRA driver", "pod resources"]),
-        ("dra", ["CDI specs", "DRA driver", "pod resources"]),
+        ("device-plugin", ["kvm probe", "device plugin", "CDI specs", "pod resources"]),
+        ("both", ["kvm probe", "device plugin", "CDI specs", "DRA driver", "pod resources"]),
+        ("dra", ["kvm probe", "CDI specs", "DRA driver", "pod resources"]),
     ],
 )
 def test_each_mode_builds_its_components(tmp_path: Path, mode: str, built: list[str]) -> None:

@@ -42,7 +42,8 @@ def pods(flags: dict[str, str], env: dict[str, str] | None = None) -> PodResourc
 
 def test_pod_resources_settings() -> None:
     default = resolve({}, {})
-    assert not default.part(RuntimeSettings).pod_resources
+    assert default.part(RuntimeSettings).pod_resources  # on by default (issue 29)
+    assert not resolve({"pod_resources": "off"}, {}).part(RuntimeSettings).pod_resources
     assert pods({}).pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
     assert pods({}).pod_resources_interval == 60
     # The socket follows the kubelet's root unless given (or given empty).
@@ -126,7 +127,7 @@ def test_every_bad_setting_is_reported_in_the_order_of_the_table() -> None:
 
 def test_settings_that_do_nothing_in_the_mode_are_warned_about() -> None:
     settings = resolve(
-        {"dra_slots": "8", "pod_resources_interval": "5", "dra_sharing": "slots"},
+        {"dra_slots": "8", "pod_resources_interval": "5", "dra_sharing": "slots", "pod_resources": "off"},
         {"ATE_DEVPLUGIN_REGISTRY_DIR": "/r", "ATE_DEVPLUGIN_POD_RESOURCES_SOCKET": "/p.sock", "NODE_NAME": "n"},
     )
     assert [str(p) for p in settings.idle] == [
@@ -137,6 +138,8 @@ def test_settings_that_do_nothing_in_the_mode_are_warned_about() -> None:
         "ATE_DEVPLUGIN_POD_RESOURCES_SOCKET: does nothing while --pod-resources is off",
         "--pod-resources-interval: does nothing while --pod-resources is off",
     ]
+    # By default PodResources is on: its settings do something.
+    assert resolve({"pod_resources_interval": "5"}, {}).idle == ()
     # The same settings where they do something; NODE_NAME alone (the chart's) is never idle.
     used = resolve(
         {

@@ -20,6 +20,7 @@ from ate_devplugin.config.model import (
     MAX_TOTAL_UNITS,
     MountConfig,
     ResourceConfig,
+    is_glob,
     max_units,
     socket_name,
 )
@@ -63,8 +64,11 @@ def resource_from(m: dict[str, Any], where: str) -> ResourceConfig:
         cdi_uid=m.get("cdi", {}).get("uid"),
         cdi_gid=m.get("cdi", {}).get("gid"),
         preferred_allocation=m.get("preferred_allocation", False),
+        health=m.get("health"),
     )
     problems = Problems()
+    if resource.probes_kvm and is_glob(resource.probed_device):
+        problems.add(ConfigError(f"{where}.devices[0]", "health kvm probes the first device: it must not be a glob"))
     if resource.uses_cdi and (problem := cdi_name_problem(resource.name)):
         problems.add(ConfigError(f"{where}.name", problem))
     limit = max_units(len(resource.id_prefix))

@@ -41,6 +41,14 @@ ALLOCATE_BOTH = "both"
 ALLOCATE_MODES = (ALLOCATE_DEVICES, ALLOCATE_CDI, ALLOCATE_BOTH)
 MAX_ID = 2**32 - 1  # uid and gid are uint32 in a CDI spec
 
+# How a resource's health is judged: its nodes exist, or (kvm) the first device answers
+# the functional KVM probe too (docs/kvm-health.md). A resource whose only device is
+# KVM_DEVICE is probed unless its config says otherwise.
+HEALTH_EXISTS = "exists"
+HEALTH_KVM = "kvm"
+HEALTH_CHECKS = (HEALTH_EXISTS, HEALTH_KVM)
+KVM_DEVICE = "/dev/kvm"
+
 
 @dataclass(frozen=True)
 class MountConfig:
@@ -70,6 +78,18 @@ class ResourceConfig:
 
     # --- admission
     preferred_allocation: bool = False
+    # --- health: None is the default for the devices (default_health)
+    health: str | None = None
+
+    @property
+    def probes_kvm(self) -> bool:
+        """Its health is the KVM probe's verdict on its first device, besides existence."""
+        return (self.health or default_health(self.devices)) == HEALTH_KVM
+
+    @property
+    def probed_device(self) -> str:
+        """The device the KVM probe opens (a host path: the config refuses a glob there)."""
+        return self.devices[0]
 
     @property
     def id_prefix(self) -> str:
@@ -92,7 +112,12 @@ def socket_name(resource_name: str, suffix: str = "") -> str:
     return "ate-" + re.sub(SOCKET_CHARS, "-", resource_name) + (f"-{suffix}" if suffix else "") + ".sock"
 
 
-DEFAULT_RESOURCES = (ResourceConfig(name="ate.dev/kvm", devices=("/dev/kvm",)),)
+DEFAULT_RESOURCES = (ResourceConfig(name="ate.dev/kvm", devices=(KVM_DEVICE,)),)
+
+
+def default_health(devices: tuple[str, ...]) -> str:
+    """kvm for a resource whose devices are the KVM device alone, exists for any other."""
+    return HEALTH_KVM if devices == (KVM_DEVICE,) else HEALTH_EXISTS
 
 
 def is_glob(path: str) -> bool:

@@ -15,6 +15,10 @@ from ate_devplugin.config.model import (
     CONFIG_VERSION,
     DEFAULT_PERMISSIONS,
     DEFAULT_UNITS,
+    HEALTH_CHECKS,
+    HEALTH_EXISTS,
+    HEALTH_KVM,
+    KVM_DEVICE,
     MAX_DEVICES,
     MAX_DOMAIN_CHARS,
     MAX_ENV,
@@ -145,6 +149,16 @@ RESOURCE = Record(
             )
         ),
         **CDI_FIELDS,
+        "health": Field(
+            Text(
+                (_NO_CONTROL, Pattern("|".join(HEALTH_CHECKS), f"must be one of {', '.join(HEALTH_CHECKS)}")),
+                max(len(h) for h in HEALTH_CHECKS),
+                f"How the units' health is judged: '{HEALTH_EXISTS}' (the device nodes exist) or '{HEALTH_KVM}' "
+                f"(and the first device, not a glob, passes the functional KVM probe: docs/kvm-health.md). "
+                f"Default: '{HEALTH_KVM}' when the devices are {KVM_DEVICE} alone, '{HEALTH_EXISTS}' otherwise.",
+                choices=HEALTH_CHECKS,
+            )
+        ),
         # --- admission -----------------------------------------------------------------
         "preferred_allocation": Field(
             Flag(

@@ -101,39 +101,59 @@ class ResourceAgent:
     def apply_discovery(self, found: Discovery) -> None:
         state = self.state
         was_present = state.ever_present
-        if found.complete == state.discovery.complete:
+        appeared = found.complete != state.discovery.complete
+
+        def change() -> None:
             state.update(found)
-        else:
-            self._health_change(found)
-        units = self.config.units
-        healthy = units if state.health == HEALTHY else 0
-        # Units are advertised once the resource was present; before that, none.
-        advertised = units if state.ever_present else 0
-        self.metrics.devices.labels(self.name, "healthy").set(healthy)
-        self.metrics.devices.labels(self.name, "unhealthy").set(advertised - healthy)
+            if appeared:
+                log.info(
+                    "devices %s",
+                    "present" if found.complete else "absent",
+                    extra={"resource": self.name, "nodes": [n.host_path for n in found.nodes]},
+                )
+
+        self._apply(change, found.complete and state.failing is None)
         self.metrics.device_nodes_present.labels(self.name).set(len(found.nodes))
         if state.ever_present and not was_present:
             self.wake()
 
-    def _health_change(self, found: Discovery) -> None:
-        """Applies a discovery that flips the health, inside the span the kubelet update joins."""
-        health = HEALTHY if found.complete else UNHEALTHY
+    def apply_failing(self, reason: str | None) -> None:
+        """A health check beyond existence (the KVM probe) fails for ``reason``, or no longer does."""
+        if reason != self.state.failing:
+            self._apply(lambda: self.state.fail(reason), self.state.discovery.complete and reason is None)
+
+    def _apply(self, change: Callable[[], None], healthy: bool) -> None:
+        """Makes ``change``, after which the resource is ``healthy``: in a span and counted if
+        that flips the advertised health."""
+        if (self.state.health == HEALTHY) == healthy:
+            change()
+        else:
+            self._health_change(change, healthy)
+        self._count_units()
+
+    def _count_units(self) -> None:
+        units = self.config.units
+        healthy = units if self.state.health == HEALTHY else 0
+        # Units are advertised once the resource was present; before that, none.
+        advertised = units if self.state.ever_present else 0
+        self.metrics.devices.labels(self.name, "healthy").set(healthy)
+        self.metrics.devices.labels(self.name, "unhealthy").set(advertised - healthy)
+
+    def _health_change(self, change: Callable[[], None], healthy: bool) -> None:
+        """Applies a change that flips the health, inside the span the kubelet update joins."""
+        health = HEALTHY if healthy else UNHEALTHY
         with self.tracer.start_as_current_span(
             "device change",
             kind=SpanKind.INTERNAL,
             attributes={
                 "ate_devplugin.resource_name": self.name,
                 "ate_devplugin.health": health,
-                "ate_devplugin.device_nodes": len(found.nodes),
+                "ate_devplugin.device_nodes": len(self.state.discovery.nodes),
             },
         ):
-            self.state.update(found)
+            change()
             self.metrics.health_changes.labels(self.name, health.lower()).inc()
-            log.info(
-                "devices %s",
-                "present" if found.complete else "absent",
-                extra={"resource": self.name, "nodes": [n.host_path for n in found.nodes]},
-            )
+            self.metrics.health_changed.labels(self.name).set_to_current_time()
 
     def _streams_changed(self) -> None:
         has_stream = self.state.kubelet_stream is not None

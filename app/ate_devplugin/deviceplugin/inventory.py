@@ -23,6 +23,8 @@ class ResourceState:
         self.config = config
         self.known_ids = frozenset(config.unit_ids())
         self.discovery = Discovery(nodes=(), complete=False)
+        # Why the device fails a health check beyond existence (the KVM probe's reason), or None.
+        self.failing: str | None = None
         self.ever_present = False
         self.streams = 0
         # Streams are told apart by a token. The kubelet's own is the first one opened
@@ -40,13 +42,22 @@ class ResourceState:
 
     @property
     def health(self) -> str:
-        return HEALTHY if self.discovery.complete else UNHEALTHY
+        return HEALTHY if self.discovery.complete and self.failing is None else UNHEALTHY
 
     def update(self, discovery: Discovery) -> None:
         """Record a discovery; streams hear of it when the advertised health changed."""
         before = self.health
         self.discovery = discovery
         self.ever_present = self.ever_present or discovery.complete
+        self._changed_from(before)
+
+    def fail(self, reason: str | None) -> None:
+        """Record why the present devices are not healthy (None: nothing but existence counts)."""
+        before = self.health
+        self.failing = reason
+        self._changed_from(before)
+
+    def _changed_from(self, before: str) -> None:
         if self.health != before:
             self.change_context = context.get_current()
             self._bump()

@@ -20,6 +20,7 @@ from ate_devplugin.deviceplugin.agent import ResourceAgent
 from ate_devplugin.deviceplugin.ports import Ports
 from ate_devplugin.host.devices import Discovery
 from ate_devplugin.host.watcher import FsEvent, Watches
+from ate_devplugin.kvm.probe import ProbeResult
 from ate_devplugin.observability.metrics import Metrics
 from ate_devplugin.settings import DevicePluginSettings
 from ate_devplugin.tasks import Guard
@@ -97,6 +98,12 @@ class DevicePlugin:
         for name, resource in wanted.items():
             if name not in self.agents:
                 self._add(resource)
+
+    def on_kvm_verdict(self, resource: str, verdict: ProbeResult | None) -> None:
+        """The KVM probe's verdict on a resource: a failure makes its present units Unhealthy."""
+        agent = self.agents.get(resource)
+        if agent is not None:
+            agent.apply_failing(None if verdict is None or verdict.passed else str(verdict.reason))
 
     def on_discovery(self, found: Mapping[str, Discovery]) -> None:
         for name, agent in self.agents.items():

@@ -23,8 +23,12 @@ from ate_devplugin.dra.health import DeviceReport, HealthBoard
 from ate_devplugin.dra.registration import RegistrationServicer
 from ate_devplugin.dra.service import ClaimReader, DraDriver
 from ate_devplugin.dra.slices import SliceApi, SliceDevice, SlicePublisher, resource_devices
+from ate_devplugin.dra.taints import TaintBook
 from ate_devplugin.host.devices import Discovery
 from ate_devplugin.host.sockets import UnixServer
+from ate_devplugin.kvm.attributes import Value, attributes
+from ate_devplugin.kvm.facts import DeviceFacts, NodeFacts, read_node_facts
+from ate_devplugin.kvm.probe import ProbeResult
 from ate_devplugin.observability.logs import reason
 from ate_devplugin.observability.metrics import DraMetrics
 from ate_devplugin.settings import DraSettings
@@ -57,7 +61,13 @@ class DraPlugin:
         metrics: DraMetrics,
         tracer: Tracer,
         cdi_problem: Callable[[str], str] = lambda _: "",
+        *,
+        kvm: bool = False,
+        node_facts: Callable[[], NodeFacts] = read_node_facts,
     ) -> None:
+        """``kvm``: the KVM probe runs (on_kvm_verdict hears it), so the devices of each
+        resource with ``health: kvm`` carry the node's virtualisation facts as attributes,
+        what its last passing probe learned, and a taint while it fails."""
         self.settings = settings
         self.api = api
         self.cdi_id = cdi_id
@@ -79,6 +89,14 @@ class DraPlugin:
         # Device name -> resource, of every present resource's devices in the configured
         # model: a claim the scheduler allocated just before a fallback to slots still prepares.
         self._present: dict[str, str] = {}
+        self._healthy: dict[str, bool] = {}  # resource -> its devices' health at the last discovery
+        self.kvm = kvm
+        self.taints = TaintBook(driver, settings.dra_taint_effect)
+        self._read_node_facts = node_facts
+        self._node_facts: NodeFacts | None = None  # read at start, with kvm
+        self._verdicts: dict[str, ProbeResult] = {}  # each probed resource's last verdict
+        self._device_facts: dict[str, DeviceFacts] = {}  # what its last passing probe learned
+        self._found: Mapping[str, Discovery] = {}  # the last discovery, published again on a verdict
 
     def _lookup(self, device: str) -> str | None:
         """The one place prepare asks for a device's CDI ID (``cdi_id``: host.cdi's answer)."""
@@ -91,6 +109,26 @@ class DraPlugin:
 
     def _devices(self, resource: ResourceConfig, shared: bool) -> list[SliceDevice]:
         return resource_devices(resource.name, resource.units, self.settings.dra_slots, shared)
+
+    def _published(self, resource: ResourceConfig, shared: bool) -> list[SliceDevice]:
+        """The devices as published: with a KVM resource's facts and taints."""
+        if not (self.kvm and resource.probes_kvm and self._node_facts is not None):
+            return self._devices(resource, shared)
+        facts: dict[str, Value] = attributes(self._node_facts, self._device_facts.get(resource.name))
+        taints = self.taints.taints(resource.name)
+        return resource_devices(resource.name, resource.units, self.settings.dra_slots, shared, facts, taints)
+
+    def on_kvm_verdict(self, resource: str, verdict: ProbeResult | None) -> None:
+        """The KVM probe's verdict on a resource: its taint, health and (once passed) device facts."""
+        if verdict is None:
+            self._verdicts.pop(resource, None)
+        else:
+            self._verdicts[resource] = verdict
+            if verdict.passed and verdict.device_facts is not None:
+                self._device_facts[resource] = verdict.device_facts
+        self.taints.update(resource, None if verdict is None else verdict.reason)
+        if self._found:
+            self._publish(self._found)
 
     def device_resources(self) -> dict[str, str]:
         """Every device a configured resource may publish (present or not, shared or a
@@ -119,6 +157,8 @@ class DraPlugin:
             server = UnixServer(path, add_services)
             await server.start()
             self._servers.append(server)
+        if self.kvm:
+            self._node_facts = self._read_node_facts()
         self.publisher.start(guard)
         log.info(
             "DRA driver serving",
@@ -160,9 +200,13 @@ class DraPlugin:
         """Publishes the resources whose device nodes are all present (the CDI specs follow
         the same discovery before the publisher's task runs), and reports every resource's
         devices healthy or not."""
+        self._found = found
+        self._publish(found)
+
+    def _publish(self, found: Mapping[str, Discovery]) -> None:
         shared = self.settings.dra_sharing == "capacity"
         present = [r for r in self._resources if found[r.name].complete]
-        wanted = [d for r in present for d in self._devices(r, shared)]
+        wanted = [d for r in present for d in self._published(r, shared)]
         self._present = {d.name: d.resource for d in wanted}
         self.publisher.publish(wanted)
         reports = []
@@ -171,5 +215,19 @@ class DraPlugin:
             text = f"{r.name}: " + (
                 "every device node present" if ok else f"device node missing ({', '.join(r.devices)})"
             )
+            verdict = self._verdicts.get(r.name)
+            if ok and verdict is not None and not verdict.passed:
+                ok, text = False, f"{r.name}: KVM probe failed: {verdict.reason}: {verdict.message}"
+            self._note_health(r.name, ok)
             reports += [DeviceReport(d.name, ok, text) for d in self._devices(r, self.publisher.sharing)]
         self.health.update(reports)
+        for gone in set(self._healthy) - {r.name for r in self._resources}:
+            del self._healthy[gone]
+            self.metrics.health_changed.remove(gone)
+
+    def _note_health(self, resource: str, healthy: bool) -> None:
+        """The time of a change of the resource's health (absent until first seen present)."""
+        gauge = self.metrics.health_changed.labels(resource)  # at 0 from the first discovery
+        if healthy != self._healthy.get(resource, False):
+            gauge.set_to_current_time()
+        self._healthy[resource] = healthy

@@ -19,14 +19,16 @@ MAX_SLOTS = 1024
 
 @dataclass(frozen=True)
 class OneOf:
-    """One of a few words, in any case."""
+    """One of a few words, given in any case."""
 
     choices: tuple[str, ...]
 
     def __call__(self, value: str, name: str) -> str:
-        if value.lower() not in self.choices:
+        """The choice as the table spells it."""
+        spelled = next((c for c in self.choices if c.lower() == value.lower()), None)
+        if spelled is None:
             raise ConfigError(name, f"must be one of {', '.join(self.choices)} (got {value!r})")
-        return value.lower()
+        return spelled
 
 
 @dataclass(frozen=True)
@@ -89,4 +91,11 @@ def seconds(value: str, name: str) -> float:
         number = -1.0
     if not 0 <= number <= MAX_SECONDS:  # also refuses nan
         raise ConfigError(name, f"must be a number of seconds from 0 to {MAX_SECONDS:.0f} (got {value!r})")
+    return number
+
+
+def positive_seconds(value: str, name: str) -> float:
+    number = seconds(value, name)
+    if number == 0:
+        raise ConfigError(name, f"must be a number of seconds above 0, at most {MAX_SECONDS:.0f} (got {value!r})")
     return number

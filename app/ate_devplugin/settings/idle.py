@@ -25,7 +25,7 @@ def idle_options(values: Mapping[str, Any], given: Mapping[str, str]) -> Iterato
                 given[option.key],
                 f"does nothing in mode {mode}: only {applies.who} (--mode {modes} or both) uses it",
             )
-        elif applies.switch and not values[applies.switch]:
+        elif applies.switch and values[applies.switch] in (False, "off"):
             switch = given.get(applies.switch, OPTIONS[applies.switch].flag)
             yield Problem(given[option.key], f"does nothing while {switch} is off")
 

@@ -34,6 +34,10 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 # capacity: a shareable device per resource where the API server keeps it, plus the slots;
 # slots: the slots only (docs/dra.md, "Sharing one /dev/kvm").
 DRA_SHARING = ("capacity", "slots")
+# The effect of the taint a KVM device that fails its probe carries (docs/kvm-health.md).
+DRA_TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+# local: the daemon opens the device itself; off: existence only (docs/kvm-health.md).
+KVM_PROBE_MODES = ("local", "off")
 KUBELET_SOCKET = "kubelet.sock"
 POD_RESOURCES_DIR = "pod-resources"  # next to the device-plugins directory in the kubelet's root
 
@@ -246,6 +250,58 @@ GROUPS = (
                 chart="use dra.sharing",
                 doc="`capacity` ([dra.md](dra.md#sharing-one-devkvm-among-many-claims))",
             ),
+            Option(
+                "dra_taint_effect",
+                OneOf(DRA_TAINT_EFFECTS),
+                "NoSchedule",
+                _braces(DRA_TAINT_EFFECTS),
+                "the effect of the taint on the devices of a KVM resource that fails its probe: NoSchedule keeps "
+                "new claims off them, NoExecute also evicts the pods of allocated claims that do not tolerate it",
+                applies=DRA_ONLY,
+                doc="`NoSchedule` ([kvm-health.md](kvm-health.md#dra-device-taints))",
+            ),
+        ),
+    ),
+    Group(
+        "KVM health (resources with health kvm: docs/kvm-health.md)",
+        (
+            Option(
+                "kvm_probe",
+                OneOf(KVM_PROBE_MODES),
+                "local",
+                _braces(KVM_PROBE_MODES),
+                "local: the daemon probes the device itself (it must be able to open it); off: existence only",
+                chart="the chart sets off: its unprivileged daemon cannot open host devices (docs/kvm-health.md)",
+                doc="`local` ([kvm-health.md](kvm-health.md#where-the-probe-runs))",
+            ),
+            Option(
+                "kvm_probe_period",
+                checks.seconds,
+                "60",
+                "SECONDS",
+                "seconds between functional probes of each KVM resource, jittered by a tenth; it is probed at start "
+                "and on every change of its device node too; 0: only then",
+                applies=Applies(switch="kvm_probe"),
+                doc="`60` ([kvm-health.md](kvm-health.md))",
+            ),
+            Option(
+                "kvm_probe_timeout",
+                checks.positive_seconds,
+                "5",
+                "SECONDS",
+                "a probe with no verdict by then is killed and the device Unhealthy (timed-out)",
+                applies=Applies(switch="kvm_probe"),
+            ),
+            Option(
+                "nfd_features_dir",
+                checks.absolute_or_empty,
+                "",
+                "DIR",
+                "node-feature-discovery's features.d: the KVM facts go there as node labels (ate.dev/cpuModel=...)",
+                "none: no feature file",
+                applies=Applies(switch="kvm_probe"),
+                doc="none ([kvm-health.md](kvm-health.md#as-node-labels-device-plugin-mode))",
+            ),
         ),
     ),
     Group(
@@ -254,11 +310,11 @@ GROUPS = (
             Option(
                 "pod_resources",
                 OnOff(),
-                "off",
+                "on",
                 "{on,off}",
                 "export which pods hold units, read from the kubelet's PodResources API",
                 chart="use podResources.enabled",
-                doc="`off` ([observability.md](observability.md#which-pods-hold-the-device---pod-resources-on))",
+                doc="`on` ([observability.md](observability.md#which-pods-hold-the-device---pod-resources))",
             ),
             Option(
                 "pod_resources_socket",

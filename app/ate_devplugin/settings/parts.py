@@ -134,6 +134,7 @@ class DraSettings:
     dra_dir: str
     dra_slots: int
     dra_sharing: str
+    dra_taint_effect: str = "NoSchedule"
     driver: str = DRA_DRIVER
 
     @property
@@ -143,6 +144,17 @@ class DraSettings:
     @property
     def registration_socket(self) -> str:
         return os.path.join(self.registry_dir, f"{self.driver}-reg.sock")
+
+
+@dataclass(frozen=True)
+class KvmHealthSettings:
+    """The KVM probe's part: where the devices are found, how often and how long each probe."""
+
+    device_root: str
+    kvm_probe: str
+    kvm_probe_period: float
+    kvm_probe_timeout: float
+    nfd_features_dir: str
 
 
 @dataclass(frozen=True)

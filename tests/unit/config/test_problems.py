@@ -108,7 +108,7 @@ def test_a_list_over_its_bound_is_not_looked_into() -> None:
         ("file_mode: '0666'", "resources[0].file_mode: unknown key (hint: file_mode goes under cdi)"),
         (
             "colour: red",
-            "resources[0].colour: unknown key (known: allocate, cdi, devices, env, mounts, name, permissions, "
+            "resources[0].colour: unknown key (known: allocate, cdi, devices, env, health, mounts, name, permissions, "
             "preferred_allocation, units)",
         ),
         ("cdi: {mode: '0666'}", "resources[0].cdi.mode: unknown key (hint: did you mean 'file_mode'?)"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from dataclasses import replace
 
 import pytest
@@ -171,7 +172,17 @@ async def test_health_follows_the_devices(world: World) -> None:
     agent = await started(world)
     version = agent.state.version
     before = (world.server.starts, world.server.stops, world.kubelet.calls)
+    changed = "ate_devplugin_device_health_last_change_timestamp_seconds"
+    present_at = world.metrics.registry.get_sample_value(changed, {"resource_name": KVM.name})
+    assert present_at is not None
+    assert time.time() - 60 < present_at <= time.time(), "the first discovery (present) is a change"
+    agent.apply_discovery(FOUND)  # the same health: no change
+    assert world.metrics.registry.get_sample_value(changed, {"resource_name": KVM.name}) == present_at
+    await asyncio.sleep(0.01)
     agent.apply_discovery(Discovery(nodes=(), complete=False))
+    lost_at = world.metrics.registry.get_sample_value(changed, {"resource_name": KVM.name})
+    assert lost_at is not None
+    assert present_at < lost_at <= time.time()
     assert agent.state.health == "Unhealthy"
     assert agent.state.version == version + 1
     samples = {"resource_name": KVM.name, "health": "unhealthy"}
@@ -181,6 +192,27 @@ async def test_health_follows_the_devices(world: World) -> None:
     await asyncio.sleep(0.05)
     assert agent.serving
     assert (world.server.starts, world.server.stops, world.kubelet.calls) == before
+    await agent.stop()
+
+
+async def test_health_follows_a_failing_check_beyond_existence(world: World) -> None:
+    agent = await started(world)
+    changes = world.metrics.registry.get_sample_value
+    version = agent.state.version
+    agent.apply_failing("not-a-kvm-device")
+    assert (agent.state.health, agent.state.version) == ("Unhealthy", version + 1)
+    agent.apply_failing("run-failed")  # another reason, the same health: the streams hear nothing
+    assert agent.state.version == version + 1
+    agent.apply_discovery(Discovery(nodes=(), complete=False))  # gone as well: still Unhealthy
+    agent.apply_discovery(FOUND)  # back, but still failing
+    assert (agent.state.health, agent.state.version) == ("Unhealthy", version + 1)
+    agent.apply_failing(None)
+    assert (agent.state.health, agent.state.version) == ("Healthy", version + 2)
+    unhealthy = {"resource_name": KVM.name, "health": "unhealthy"}
+    healthy = {"resource_name": KVM.name, "health": "healthy"}
+    assert changes("ate_devplugin_device_health_changes_total", unhealthy) == 1
+    assert changes("ate_devplugin_device_health_changes_total", healthy) == 2  # the first discovery, and now
+    assert changes("ate_devplugin_devices", healthy) == KVM.units
     await agent.stop()
 
 

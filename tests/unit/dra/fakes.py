@@ -184,6 +184,10 @@ class FakeApi:
     def devices(self) -> list[str]:
         return sorted(d["name"] for s in self.slices.values() for d in s["spec"]["devices"])
 
+    def devices_json(self) -> list[dict[str, Any]]:
+        """Every stored device, in slice order."""
+        return [d for s in self.slices.values() for d in s["spec"]["devices"]]
+
 
 def cdi_id(resource: str) -> str:
     return f"{resource}={resource.rpartition('/')[2]}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,9 @@ from ate_devplugin.dra.kube import ApiError
 from ate_devplugin.dra.plugin import DraPlugin
 from ate_devplugin.dra.service import MAX_CLAIMS_PER_CALL, ClaimRef
 from ate_devplugin.host.devices import DeviceNode, Discovery
+from ate_devplugin.kvm.facts import DeviceFacts, NodeFacts
+from ate_devplugin.kvm.probe import ProbeResult
+from ate_devplugin.kvm.reasons import Reason
 from ate_devplugin.observability.logs import MAX_REASON
 from ate_devplugin.observability.metrics import DraMetrics
 from ate_devplugin.settings import DRA_DRIVER, DraSettings, Settings, resolve
@@ -57,12 +61,17 @@ def dra_settings(tmp_path: Path, **flags: str) -> Settings:
     )
 
 
+NODE_FACTS = NodeFacts("amd64", "GenuineIntel", 6, 167, 1, "Intel(R) Xeon(R) Processor", True, "pvm", "6.18.44-fc")
+
+
 SLOTS = [f"ate-dev-kvm-{i}" for i in range(4)]
 SHARED = "ate-dev-kvm"
 
 
 class Rig:
-    def __init__(self, tmp_path: Path, consumable_capacity: bool = True, **flags: str) -> None:
+    def __init__(
+        self, tmp_path: Path, consumable_capacity: bool = True, kvm_facts: NodeFacts | None = None, **flags: str
+    ) -> None:
         self.settings = dra_settings(tmp_path, **flags).part(DraSettings)
         self.api = FakeApi()
         self.registry = CollectorRegistry()
@@ -74,6 +83,8 @@ class Rig:
             DraMetrics(self.registry),
             NoOpTracer(),
             lambda resource: self.cdi_problems.get(resource, ""),
+            kvm=kvm_facts is not None,
+            node_facts=lambda: kvm_facts or NODE_FACTS,
         )
         self.api.consumable_capacity = consumable_capacity
         self.deaths: list[str] = []
@@ -206,6 +217,33 @@ async def test_slices_carry_the_slots_the_owner_and_the_pool(rig: Rig) -> None:
     assert rig.sample("ate_devplugin_dra_sharing", model="capacity") == 1
     assert rig.sample("ate_devplugin_dra_sharing", model="slots") == 0
     assert rig.sample("ate_devplugin_dra_slices_in_sync") == 1
+
+
+async def test_each_health_change_of_a_resource_is_timed(tmp_path: Path) -> None:
+    """The "since" of the dashboards: set when the devices' health flips, kept otherwise,
+    gone with the resource."""
+    rig = Rig(tmp_path)
+    await rig.start()
+    changed = "ate_devplugin_device_health_last_change_timestamp_seconds"
+    try:
+        rig.plugin.on_discovery(ABSENT)
+        assert rig.sample(changed, resource_name=KVM.name) == 0, "absent from the start: no change yet"
+        rig.plugin.on_discovery(PRESENT)
+        present_at = rig.sample(changed, resource_name=KVM.name)
+        assert present_at is not None
+        assert time.time() - 60 < present_at <= time.time()
+        rig.plugin.on_discovery(PRESENT)
+        assert rig.sample(changed, resource_name=KVM.name) == present_at
+        await asyncio.sleep(0.01)
+        rig.plugin.on_discovery(ABSENT)
+        lost_at = rig.sample(changed, resource_name=KVM.name)
+        assert lost_at is not None
+        assert present_at < lost_at <= time.time()
+        await rig.plugin.on_resources(())
+        rig.plugin.on_discovery({})
+        assert rig.sample(changed, resource_name=KVM.name) is None
+    finally:
+        await rig.plugin.stop(2.0)
 
 
 async def test_slices_follow_device_health_and_come_back_after_a_wipe(rig: Rig) -> None:
@@ -459,3 +497,50 @@ async def test_who_reads_pods_hears_of_every_prepare_and_unprepare_and_knows_eve
     assert rig.plugin.device_resources() == expected
     rig.plugin.on_discovery(ABSENT)  # unpublished: still known
     assert rig.plugin.device_resources() == expected
+
+
+def verdict(reason: Reason, facts: DeviceFacts | None = None) -> ProbeResult:
+    return ProbeResult(device="/dev/kvm", reason=reason, message=f"/dev/kvm: {reason}", duration_s=0.001,
+                       device_facts=facts)  # fmt: skip
+
+
+@pytest.mark.parametrize("effect", ["NoSchedule", "NoExecute"])
+async def test_with_the_kvm_probe_devices_carry_its_facts_taint_and_health(tmp_path: Path, effect: str) -> None:
+    rig = Rig(tmp_path, kvm_facts=NODE_FACTS, dra_taint_effect=effect.lower())  # any case: spelled as the API wants
+    await rig.start()
+    rig.plugin.on_discovery(PRESENT)
+    await until(lambda: rig.plugin.publisher.synced.is_set(), "published")
+    [item] = rig.api.slices.values()
+    attrs = item["spec"]["devices"][0]["attributes"]
+    assert (attrs["kvmImplementation"], attrs["kvmHardware"], attrs["cpuModel"]) == (
+        {"string": "pvm"}, {"bool": False}, {"int": 167}
+    )  # fmt: skip
+    assert "kvmApiVersion" not in attrs  # not probed yet
+
+    rig.plugin.on_kvm_verdict(KVM.name, verdict(Reason.PASSED, DeviceFacts(12, {"max_vcpus": 1024}, "e4da")))
+    await until(lambda: "kvmApiVersion" in rig.api.devices_json()[0]["attributes"], "device facts")
+    assert rig.api.devices_json()[0]["attributes"]["cpuidDigest"] == {"string": "e4da"}
+    assert all(r.healthy for r in rig.plugin.health.reports)
+
+    rig.plugin.on_kvm_verdict(KVM.name, verdict(Reason.NOT_KVM))
+    await until(lambda: all("taints" in d for d in rig.api.devices_json()), "tainted")
+    taints = [d["taints"] for d in rig.api.devices_json()]
+    assert all([(t["key"], t["value"], t["effect"]) for t in ts] ==
+               [("ate.dev/kvm-unhealthy", "not-a-kvm-device", effect)] for ts in taints)  # fmt: skip
+    assert rig.api.devices_json()[0]["attributes"]["cpuidDigest"] == {"string": "e4da"}  # the last pass's facts
+    assert rig.sample("ate_devplugin_dra_tainted_devices", resource_name=KVM.name) == 5
+    assert {(r.healthy, r.message) for r in rig.plugin.health.reports} == {
+        (False, "ate.dev/kvm: KVM probe failed: not-a-kvm-device: /dev/kvm: not-a-kvm-device")
+    }
+
+    rig.plugin.on_kvm_verdict(KVM.name, None)  # no verdict holds (the node gone, or the probe off)
+    await until(lambda: not any("taints" in d for d in rig.api.devices_json()), "untainted")
+    assert all(r.healthy for r in rig.plugin.health.reports)
+    await rig.plugin.stop(2.0)
+
+
+async def test_without_the_kvm_probe_devices_carry_the_resource_alone(rig: Rig) -> None:
+    rig.plugin.on_kvm_verdict(KVM.name, verdict(Reason.NOT_KVM))  # never wired so; nothing to publish of it
+    await asyncio.sleep(0.05)
+    assert rig.api.devices_json()[1] == {"name": SLOTS[0], "attributes": {"resource": {"string": "ate.dev/kvm"}}}
+    assert not any("taints" in d for d in rig.api.devices_json())

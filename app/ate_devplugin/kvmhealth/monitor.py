@@ -1,0 +1,226 @@
+"""The KVM probe run by the daemon itself (local mode: the daemon can open the device, as in
+the kubelet bench and ``make demo``): a component that probes each resource with
+``health: kvm`` at start, on every change of its device node and every period (jittered),
+and tells its listeners (the device plugin) each verdict.
+
+Probes run in kvm/runner.py's child process and are awaited on the loop: a probe that hangs
+in the kernel costs its resource a ``timed-out`` verdict, never the loop, the kubelet's
+streams or the stop. A node that is not KVM's ``10:232`` fails at once, unopened: opening an
+arbitrary character device can have effects of its own (a tape rewinds), and no probe is
+needed to know that it is not KVM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from ate_devplugin.components import Resources
+from ate_devplugin.config import ResourceConfig
+from ate_devplugin.host.devices import DeviceNode, Discovery, EscapesRootError, resolve_in_root
+from ate_devplugin.kvm.probe import ProbeResult
+from ate_devplugin.kvm.reasons import Reason
+from ate_devplugin.kvm.runner import Prober
+from ate_devplugin.observability.metrics import KvmMetrics
+from ate_devplugin.settings import KvmHealthSettings
+from ate_devplugin.tasks import Guard, cancel
+
+log = logging.getLogger(__name__)
+
+KVM_RDEV = (10, 232)  # the misc device KVM always is (KVM_MINOR)
+JITTER = 0.1  # each period is drawn from period * (1 +- JITTER): nodes do not probe in step
+REASONS = tuple(str(r) for r in Reason)
+
+# Told every verdict of a resource; None: none holds (before the first, or the node is gone).
+Listener = Callable[[str, ProbeResult | None], None]
+
+
+class Probes(Protocol):
+    """What probes a device: kvm/runner.py's Prober."""
+
+    async def probe(self, device: str, timeout: float) -> ProbeResult: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass
+class _Watched:
+    """One probed resource: its node as last discovered, and its last verdict."""
+
+    config: ResourceConfig
+    node: DeviceNode | None = None
+    verdict: ProbeResult | None = None
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
+class KvmHealth:
+    name = "kvm probe"
+
+    def __init__(
+        self,
+        settings: KvmHealthSettings,
+        metrics: KvmMetrics,
+        prober: Probes | None = None,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.prober: Probes = prober or Prober()
+        self._rng = rng
+        self.listeners: list[Listener] = []
+        self._watched: dict[str, _Watched] = {}
+        self._guard: Guard | None = None
+
+    # --- the component --------------------------------------------------------------
+
+    async def start(self, resources: Resources, guard: Guard) -> None:
+        self._guard = guard
+        for resource in resources:
+            self._add(resource)
+
+    async def stop(self, deadline_s: float) -> list[str]:
+        """The probing tasks cancelled (a probe in flight kills its worker), then the worker ended."""
+        watched, self._watched = self._watched, {}
+        ended = await asyncio.gather(*(cancel(w.task, deadline_s) for w in watched.values()))
+        stuck = [f"kvm probe {name}" for name, done in zip(watched, ended, strict=True) if not done]
+        try:
+            await asyncio.wait_for(self.prober.close(), max(deadline_s, 0.01))
+        except TimeoutError:
+            stuck.append("kvm probe worker")
+        return stuck
+
+    async def on_resources(self, resources: Resources) -> None:
+        wanted = {r.name: r for r in resources if r.probes_kvm}
+        for name in [n for n, w in self._watched.items() if wanted.get(n) != w.config]:
+            await self._remove(name, 1.0)
+        for resource in resources:
+            if resource.name not in self._watched:
+                self._add(resource)
+
+    def on_discovery(self, found: Mapping[str, Discovery]) -> None:
+        for name, watched in self._watched.items():
+            discovery = found.get(name)
+            node = (
+                next((n for n in discovery.nodes if n.host_path == watched.config.probed_device), None)
+                if discovery
+                else None
+            )
+            if node == watched.node:
+                continue
+            watched.node = node
+            if node is None:
+                self._verdict(watched, None)  # gone: existence says so; the next node is probed afresh
+            elif (node.major, node.minor) != KVM_RDEV:
+                self._verdict(watched, _not_kvm(node))
+            else:
+                watched.wake.set()
+
+    def readiness(self) -> tuple[bool, str]:
+        """Always ready (a broken device is the kubelet's to hear of, not a reason to restart
+        the daemon); the text says each resource's probe that fails or has not answered yet."""
+        said = []
+        for name, watched in sorted(self._watched.items()):
+            verdict = watched.verdict
+            if verdict is not None and not verdict.passed:
+                said.append(f"KVM probe failed: {verdict.reason}: {verdict.message} ({name})")
+            elif verdict is None and watched.node is not None:
+                said.append(f"KVM probe: no verdict yet ({name})")
+        return True, "; ".join(said)
+
+    def verdict(self, resource: str) -> ProbeResult | None:
+        watched = self._watched.get(resource)
+        return watched.verdict if watched is not None else None
+
+    # --- the resources --------------------------------------------------------------
+
+    def _add(self, resource: ResourceConfig) -> None:
+        if not resource.probes_kvm:
+            return
+        assert self._guard is not None, "started"
+        watched = _Watched(resource)
+        self._watched[resource.name] = watched
+        self.metrics.add_resource(resource.name, REASONS)
+        watched.task = self._guard.spawn("kvm_probe", self._run(watched), f"kvm probe {resource.name}")
+
+    async def _remove(self, name: str, deadline_s: float) -> None:
+        watched = self._watched.pop(name)
+        if not await cancel(watched.task, deadline_s):
+            log.error("the KVM probe of %s did not stop", name)
+        self.metrics.remove_resource(name, REASONS)
+        for listener in self.listeners:
+            listener(name, None)
+
+    async def _run(self, watched: _Watched) -> None:
+        """Probes when woken (a new node) and every period while the node is KVM's."""
+        while True:
+            await self._sleep(watched)
+            watched.wake.clear()
+            node = watched.node
+            if node is None or (node.major, node.minor) != KVM_RDEV:
+                continue
+            root = self.settings.device_root
+            try:
+                # Gone since (None): probed where it was, the verdict says so until its discovery.
+                path = resolve_in_root(root, node.host_path) or os.path.join(root, node.host_path.lstrip("/")[4:])
+            except EscapesRootError:
+                continue  # a symlink swapped in since: its discovery follows, and ignores it
+            result = await self.prober.probe(path, self.settings.kvm_probe_timeout)
+            self.metrics.duration.labels(watched.config.name).observe(result.duration_s)
+            if watched.node != node or (result.rdev and result.rdev != f"{node.major}:{node.minor}"):
+                continue  # the node changed while it was probed: that verdict is of another node
+            self._verdict(watched, _as_host_path(result, node.host_path))
+
+    async def _sleep(self, watched: _Watched) -> None:
+        period = self.settings.kvm_probe_period
+        if period <= 0 or watched.verdict is None or watched.node is None:
+            await watched.wake.wait()
+            return
+        jittered = period * (1 + JITTER * (2 * self._rng() - 1))
+        try:
+            async with asyncio.timeout(jittered):
+                await watched.wake.wait()
+        except TimeoutError:
+            pass
+
+    def _verdict(self, watched: _Watched, result: ProbeResult | None) -> None:
+        name = watched.config.name
+        previous, watched.verdict = watched.verdict, result
+        if result is None:
+            self.metrics.set_state(name, "unverified")
+        else:
+            self.metrics.verdicts.labels(name, result.reason).inc()
+            self.metrics.set_state(name, "passed" if result.passed else "failed")
+            _say(name, previous, result)
+        for listener in self.listeners:
+            listener(name, result)
+
+
+def _say(name: str, previous: ProbeResult | None, result: ProbeResult) -> None:
+    """A failure once while its reason lasts, a pass when it is the first or ends a failure."""
+    extra = {"resource": name, "reason": str(result.reason), "device": result.device, "rdev": result.rdev}
+    if not result.passed:
+        if previous is None or previous.reason != result.reason:
+            log.warning("KVM probe failed: %s", result.message, extra=extra)
+    elif previous is None or not previous.passed:
+        log.info("KVM probe passed: %s", result.message, extra={**extra, "duration_s": round(result.duration_s, 4)})
+
+
+def _not_kvm(node: DeviceNode) -> ProbeResult:
+    rdev = f"{node.major}:{node.minor}"
+    message = f"{node.host_path}: character device {rdev} is not KVM's {KVM_RDEV[0]}:{KVM_RDEV[1]}: not opened"
+    return ProbeResult(device=node.host_path, reason=Reason.NOT_KVM, message=message, duration_s=0.0, rdev=rdev)
+
+
+def _as_host_path(result: ProbeResult, host_path: str) -> ProbeResult:
+    """The verdict on the host's path (the probe opened it under the device root)."""
+    probed = result.device
+    if probed == host_path:
+        return result
+    message = host_path + result.message[len(probed) :] if result.message.startswith(probed) else result.message
+    return replace(result, device=host_path, message=message)

@@ -1,0 +1,222 @@
+"""When the daemon probes a KVM resource, and what it does with the verdict.
+
+The prober is a recording fake where the test is about the schedule; the real one (its
+child process) where it is about a verdict the kernel gives (a missing node) or a probe
+that hangs. The device itself is probed in tests/kubelet/test_kvm_health.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from ate_devplugin.config import ResourceConfig
+from ate_devplugin.host.devices import DeviceNode, Discovery
+from ate_devplugin.kvm.probe import ProbeResult
+from ate_devplugin.kvm.reasons import Reason
+from ate_devplugin.kvm.runner import Prober
+from ate_devplugin.kvmhealth.monitor import KvmHealth
+from ate_devplugin.observability.metrics import KvmMetrics
+from ate_devplugin.settings import KvmHealthSettings
+from ate_devplugin.tasks import Guard
+
+KVM = ResourceConfig(name="ate.dev/kvm", devices=("/dev/kvm",))
+TUN = ResourceConfig(name="ate.dev/tun", devices=("/dev/net/tun",))
+
+
+class FakeProber:
+    """Answers each probe with ``answer(path)`` after ``delay`` s; records the paths."""
+
+    def __init__(self, answer: Callable[[str], Reason] = lambda path: Reason.PASSED, delay: float = 0.0) -> None:
+        self.answer = answer
+        self.delay = delay
+        self.paths: list[str] = []
+        self.closed = False
+
+    async def probe(self, device: str, timeout: float) -> ProbeResult:
+        self.paths.append(device)
+        await asyncio.sleep(self.delay)
+        reason = self.answer(device)
+        return ProbeResult(device=device, reason=reason, message=f"{device}: {reason}", duration_s=0.001, rdev="10:232")
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class Harness:
+    def __init__(self, tmp_path: Path, prober: FakeProber | Prober, period: float = 0.0, timeout: float = 5.0) -> None:
+        self.root = str(tmp_path / "dev")
+        (tmp_path / "dev").mkdir()
+        settings = KvmHealthSettings(
+            device_root=self.root,
+            kvm_probe="local",
+            kvm_probe_period=period,
+            kvm_probe_timeout=timeout,
+            nfd_features_dir="",
+        )
+        self.registry = CollectorRegistry()
+        self.health = KvmHealth(settings, KvmMetrics(self.registry), prober, rng=lambda: 0.5)
+        self.told: list[tuple[str, Reason | None]] = []
+        self.health.listeners.append(lambda name, v: self.told.append((name, v.reason if v else None)))
+        self.died: list[str] = []
+
+    async def start(self, *resources: ResourceConfig) -> None:
+        await self.health.start(resources, Guard(lambda name, error: self.died.append(name)))
+
+    def discover(self, major: int = 10, minor: int = 232) -> None:
+        """What the daemon found of the KVM resource (``major`` 0: no node)."""
+        nodes = (DeviceNode("/dev/kvm", major, minor),) if major else ()
+        self.health.on_discovery({KVM.name: Discovery(nodes=nodes, complete=bool(nodes))})
+
+    def sample(self, name: str, **labels: str) -> float | None:
+        return self.registry.get_sample_value(name, {"resource_name": KVM.name, **labels})
+
+
+@pytest.fixture
+async def stopped() -> AsyncIterator[list[Harness]]:
+    made: list[Harness] = []
+    yield made
+    for h in made:
+        assert await h.health.stop(2.0) == []
+
+
+async def until(check: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not check():
+            await asyncio.sleep(0.005)
+    assert check(), what
+
+
+async def test_a_node_that_is_not_kvms_fails_at_once_unopened(tmp_path: Path, stopped: list[Harness]) -> None:
+    prober = FakeProber()
+    h = Harness(tmp_path, prober)
+    stopped.append(h)
+    await h.start(KVM)
+    h.discover(1, 3)
+    # Told within the discovery's own call: no probe, no await.
+    assert h.told == [(KVM.name, Reason.NOT_KVM)]
+    verdict = h.health.verdict(KVM.name)
+    assert verdict is not None
+    assert verdict.message == "/dev/kvm: character device 1:3 is not KVM's 10:232: not opened"
+    assert h.health.readiness() == (True, f"KVM probe failed: not-a-kvm-device: {verdict.message} (ate.dev/kvm)")
+    await asyncio.sleep(0.05)
+    assert prober.paths == []
+    assert h.sample("ate_devplugin_kvm_probes_total", reason="not-a-kvm-device") == 1
+    assert h.sample("ate_devplugin_kvm_probe_state", state="failed") == 1
+
+
+async def test_a_kvm_node_is_probed_under_the_device_root_on_each_change(
+    tmp_path: Path, stopped: list[Harness]
+) -> None:
+    prober = FakeProber()
+    h = Harness(tmp_path, prober)
+    (tmp_path / "dev/kvm").touch()
+    stopped.append(h)
+    await h.start(KVM, TUN)  # the tun resource is judged by existence: never probed
+    assert h.health.readiness() == (True, "")
+    h.health.on_discovery(
+        {
+            KVM.name: Discovery(nodes=(DeviceNode("/dev/kvm", 10, 232),), complete=True),
+            TUN.name: Discovery(nodes=(DeviceNode("/dev/net/tun", 10, 200),), complete=True),
+        }
+    )
+    assert h.health.readiness() == (True, "KVM probe: no verdict yet (ate.dev/kvm)")
+    await until(lambda: len(h.told) == 1, "a verdict")
+    assert prober.paths == [f"{h.root}/kvm"]
+    verdict = h.health.verdict(KVM.name)
+    assert verdict is not None
+    assert (verdict.device, verdict.message) == ("/dev/kvm", "/dev/kvm: passed")  # the host's path
+    h.discover()  # the same node: nothing to probe
+    await asyncio.sleep(0.05)
+    assert len(prober.paths) == 1
+    h.discover(0)  # gone: no verdict holds
+    h.discover()  # back: probed afresh
+    await until(lambda: len(prober.paths) == 2, "probed again")
+    await until(lambda: len(h.told) == 3, "told")
+    assert h.told == [(KVM.name, Reason.PASSED), (KVM.name, None), (KVM.name, Reason.PASSED)]
+    assert h.sample("ate_devplugin_kvm_probe_state", state="passed") == 1
+    assert (
+        h.registry.get_sample_value("ate_devplugin_kvm_probe_state", {"resource_name": TUN.name, "state": "passed"})
+        is None
+    )
+
+
+async def test_a_verdict_on_a_node_swapped_while_probed_is_dropped(tmp_path: Path, stopped: list[Harness]) -> None:
+    prober = FakeProber(delay=0.1)
+    h = Harness(tmp_path, prober)
+    stopped.append(h)
+    await h.start(KVM)
+    h.discover()
+    await until(lambda: len(prober.paths) == 1, "probing")
+    h.discover(1, 3)  # swapped mid-probe: failed at once ...
+    h.discover()  # ... and back, again mid-probe
+    await until(lambda: len(prober.paths) == 2, "the new node probed")
+    await until(lambda: len(h.told) == 2, "told")
+    # The first probe's pass (about the first node) was never told.
+    assert h.told == [(KVM.name, Reason.NOT_KVM), (KVM.name, Reason.PASSED)]
+
+
+async def test_probes_repeat_every_period_and_a_failure_is_logged_once(
+    tmp_path: Path, stopped: list[Harness], caplog: pytest.LogCaptureFixture
+) -> None:
+    answers = iter([Reason.PASSED, Reason.RUN, Reason.RUN, Reason.RUN, Reason.PASSED])
+    prober = FakeProber(lambda path: next(answers, Reason.PASSED))
+    h = Harness(tmp_path, prober, period=0.02)
+    stopped.append(h)
+    caplog.set_level(logging.INFO, "ate_devplugin.kvmhealth.monitor")
+    await h.start(KVM)
+    h.discover()
+    await until(lambda: len(prober.paths) >= 6, "periodic probes")
+    reasons = [r for _, r in h.told[:5]]
+    assert reasons == [Reason.PASSED, Reason.RUN, Reason.RUN, Reason.RUN, Reason.PASSED]
+    said = [r.getMessage() for r in caplog.records]
+    assert said[:3] == ["KVM probe passed: /dev/kvm: passed", "KVM probe failed: /dev/kvm: run-failed",
+                        "KVM probe passed: /dev/kvm: passed"]  # fmt: skip
+    assert h.sample("ate_devplugin_kvm_probes_total", reason="run-failed") == 3
+
+
+async def test_the_real_worker_says_a_missing_node_is_missing(tmp_path: Path, stopped: list[Harness]) -> None:
+    h = Harness(tmp_path, Prober())
+    stopped.append(h)
+    await h.start(KVM)
+    h.discover()  # discovery says 10:232, but no node is there when the worker opens it
+    await until(lambda: len(h.told) == 1, "a verdict", timeout=10)
+    verdict = h.health.verdict(KVM.name)
+    assert verdict is not None
+    assert verdict.reason is Reason.MISSING
+    assert verdict.message == "/dev/kvm: no such device node"
+
+
+async def test_a_hung_probe_is_a_timed_out_verdict_and_does_not_hold_the_stop(tmp_path: Path) -> None:
+    hangs = Prober([sys.executable, "-c", "import sys, time; sys.stdin.readline(); time.sleep(600)"])
+    h = Harness(tmp_path, hangs, timeout=0.3)
+    await h.start(KVM)
+    h.discover()
+    await until(lambda: len(h.told) == 1, "a verdict")
+    assert h.told == [(KVM.name, Reason.TIMED_OUT)]
+    h.discover(0)
+    h.discover()  # probing again, hung
+    await asyncio.sleep(0.1)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await h.health.stop(2.0) == []
+    assert loop.time() - started < 1.5
+    assert h.died == []
+
+
+async def test_a_reloaded_resource_list_adds_and_removes_probes(tmp_path: Path, stopped: list[Harness]) -> None:
+    h = Harness(tmp_path, FakeProber())
+    stopped.append(h)
+    await h.start(TUN)
+    await h.health.on_resources((KVM, TUN))
+    h.discover()
+    await until(lambda: len(h.told) == 1, "probed")
+    await h.health.on_resources((TUN,))
+    assert h.told[-1] == (KVM.name, None)
+    assert h.sample("ate_devplugin_kvm_probe_state", state="passed") is None
