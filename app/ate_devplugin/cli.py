@@ -1,4 +1,4 @@
-"""The command line: ate-devplugin run | check-config FILE | probe | version.
+"""The command line: ate-devplugin run | check-config FILE | probe | verify | version.
 
 Arguments become Settings here; runtime.py builds and runs the daemon from them.
 Exit codes: 0 done, 1 runtime failure, 2 bad configuration or usage (one line per
@@ -8,6 +8,8 @@ problem, no traceback).
 from __future__ import annotations
 
 import argparse
+import asyncio
+import math
 import os
 import sys
 import textwrap
@@ -16,10 +18,13 @@ from pathlib import Path
 
 from ate_devplugin import __version__, runtime
 from ate_devplugin.config import MAX_CONFIG_BYTES, ConfigError, Problem, decode_resources, load_resources, read_bounded
+from ate_devplugin.kvm import verify as kvm_verify
+from ate_devplugin.kvm.facts import read_node_facts
 from ate_devplugin.runtime import config_error
 from ate_devplugin.settings import GROUPS, OPTIONS, Option, idle_fields, resolve, value_of
 
 STDIN = "-"
+MAX_VERIFY_TIMEOUT_S = 300.0
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -51,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         "See 'ate-devplugin run --help' for the options.",
         formatter_class=_Formatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,check-config,probe,version}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,check-config,probe,verify,version}")
     run = sub.add_parser(
         "run",
         help="serve the configured devices to the kubelet",
@@ -98,6 +103,27 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="a resource and its device in this container (repeatable); default ate.dev/kvm=/dev/kvm",
     )
+    verify = sub.add_parser(
+        "verify",
+        help="run a VM on a KVM device and say what it saw",
+        description="Open the KVM device, make a VM and a vCPU, run a few guest instructions to their "
+        "expected exits (in a child process, within --timeout), and print what was seen: the device, the KVM "
+        "API version, the guest's exits, the node's KVM and CPU. The last line is PASS or FAIL <reason>: "
+        "<message>. Exit 0 when the guest ran as expected, 1 when it did not, 2 on bad usage. "
+        "The chart's `helm test` pod runs it on the device its pod was granted.",
+        formatter_class=_Formatter,
+    )
+    verify.add_argument("--device", default="/dev/kvm", help="the KVM device to open [default: /dev/kvm]")
+    verify.add_argument(
+        "--timeout",
+        default=str(kvm_verify.DEFAULT_TIMEOUT_S),
+        metavar="SECONDS",
+        help=f"give up on the VM after this long (0 < SECONDS <= {MAX_VERIFY_TIMEOUT_S:g}) "
+        f"[default: {kvm_verify.DEFAULT_TIMEOUT_S:g}]",
+    )
+    verify.add_argument(
+        "--json", action="store_true", help="print one JSON object (result, node) instead of the report"
+    )
     sub.add_parser("version", help="print the version", description="Print the version.")
     return parser
 
@@ -118,6 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"ate-devplugin: {exc}", file=sys.stderr)
             return 2
         return prober.run(args.kvm_probe_socket, devices)
+    if args.command == "verify":
+        return verify(args.device, args.timeout, args.json)
     flags = {key: getattr(args, key) for key in OPTIONS}
     try:
         settings = resolve(flags, os.environ)
@@ -139,6 +167,21 @@ def check_config(file: str, mode_flag: str | None) -> int:
     source = "stdin" if file == STDIN else file
     print(f"{source}: ok, {len(resources)} resource(s): {', '.join(r.name for r in resources)}")
     return 0
+
+
+def verify(device: str, timeout_text: str, as_json: bool) -> int:
+    try:
+        timeout = float(timeout_text)
+    except ValueError:
+        timeout = math.nan
+    if not 0 < timeout <= MAX_VERIFY_TIMEOUT_S:  # NaN and inf fail here too
+        print(
+            f"ate-devplugin: verify --timeout: {timeout_text!r} is not a number of seconds "
+            f"above 0 and at most {MAX_VERIFY_TIMEOUT_S:g}",
+            file=sys.stderr,
+        )
+        return 2
+    return asyncio.run(kvm_verify.verify(read_node_facts(), sys.stdout, device, timeout, as_json))
 
 
 def warn(problems: Iterable[Problem]) -> None:

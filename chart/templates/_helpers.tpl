@@ -218,6 +218,23 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
 {{/*
+Labels of the helm test's objects (tests/verify.yaml): a name of their own, as the uninstall
+hook's, so that no selector of the plugin's pods takes the test pod for one of them.
+*/}}
+{{- define "ate-devplugin.testLabels" -}}
+helm.sh/chart: {{ include "ate-devplugin.chart" . }}
+app.kubernetes.io/name: {{ printf "%s-test" (include "ate-devplugin.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ include "ate-devplugin.imageTag" . | trunc 63 | trimSuffix "-" | quote }}
+app.kubernetes.io/component: test
+app.kubernetes.io/part-of: ate-devplugin
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
 Name of the ServiceAccount.
 */}}
 {{- define "ate-devplugin.serviceAccountName" -}}

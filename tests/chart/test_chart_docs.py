@@ -22,6 +22,7 @@ WHOLE = {
     "kvmProbe.podSecurityContext", "kvmProbe.resources",
     "deviceConfig.resources", "updateStrategy", "resources", "livenessProbe", "readinessProbe",
     "podSecurityContext", "securityContext", "nodeSelector", "tolerations",
+    "test.podSecurityContext", "test.resources",
 }  # fmt: skip
 
 
@@ -100,3 +101,14 @@ def test_daemon_knows_every_flag(any_helm: Helm, ci_values: Path) -> None:
                 continue
             flag = arg.split("=", 1)[0]
             assert flag in known, f"the chart passes {flag}, which `ate-devplugin run` does not know"
+
+
+def test_the_microvm_preset_is_accepted_by_the_daemon(any_helm: Helm, tmp_path: Path) -> None:
+    preset = CHART.parent / "docs" / "examples" / "microvm-worker-values.yaml"
+    (cm,) = [d for d in by_kind(any_helm.template([preset]), "ConfigMap") if "config.yaml" in d.get("data", {})]
+    path = tmp_path / "config.yaml"
+    path.write_text(cm["data"]["config.yaml"])
+    out = subprocess.run(
+        [*_daemon(), "check-config", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 0, f"{out.stdout}{out.stderr}"

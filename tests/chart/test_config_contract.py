@@ -314,7 +314,7 @@ def kube_versions() -> list[str]:
     with (semverCompare), the releases on both sides of it."""
     oldest = re.search(r'^kubeVersion: ">=1\.(\d+)', (CHART / "Chart.yaml").read_text(), re.MULTILINE)
     assert oldest, "Chart.yaml has no kubeVersion"
-    templates = " ".join(p.read_text() for p in sorted((CHART / "templates").iterdir()))
+    templates = " ".join(p.read_text() for p in sorted((CHART / "templates").rglob("*.*")))
     bounds = {int(m) for m in re.findall(r'semverCompare "[<>=~^!]*\s*1\.(\d+)', templates)}
     assert bounds, "no semverCompare in the templates"
     minors = {int(oldest[1])} | {m for b in bounds for m in (b - 1, b)}

@@ -115,7 +115,7 @@ def test_every_metric_is_documented_with_its_labels() -> None:
         assert documented[name] - {"resource_name"} == labels - {"resource_name"}, f"{name}: labels {sorted(labels)}"
 
 
-@pytest.mark.parametrize("block", ["install", "verify"])
+@pytest.mark.parametrize("block", ["install", "verify", "helm-test"])
 def test_the_readme_installs_as_the_chart_readme_does(block: str) -> None:
     """The README's install commands are the chart README's, which the real-cluster suite
     runs as printed (tests/e2e/test_user_path.py)."""

@@ -59,11 +59,13 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tests.e2e import cgroups
 from tests.e2e.sandbox import NodeNamespaces, Process, Sandbox, SandboxError
 
 T = TypeVar("T")
@@ -84,7 +86,7 @@ API_PORT = 443
 API = f"https://{GATEWAY}:{API_PORT}"
 PAUSE_IMAGE = "localhost/pause:e2e"
 CNI_BIN_DIR = "/usr/lib/cni"
-CGROUP_FS = Path("/sys/fs/cgroup")
+CGROUP_VERSIONS = (1, 2)
 SERVER_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "pause")
 # The container runtimes a cluster can run.
 DEBIAN_CONTAINERD = "containerd"  # Debian's containerd 1.6, on PATH: no CDI
@@ -140,41 +142,6 @@ def lacks_cap_sys_resource() -> bool:
     return not (int(cap_eff, 16) >> 24) & 1  # CAP_SYS_RESOURCE is capability 24
 
 
-def cgroup_hierarchies() -> list[Path]:
-    return [h for h in sorted(CGROUP_FS.iterdir()) if (h / "cgroup.procs").exists() and not h.is_symlink()]
-
-
-def remove_cgroup_tree(root: str, timeout: float) -> None:
-    """rmdir every cgroup under ``root``, deepest first (their processes are gone with the
-    sandbox; a cgroup may stay busy for a moment after)."""
-    deadline = time.monotonic() + timeout
-    for hierarchy in cgroup_hierarchies():
-        top = hierarchy / root.lstrip("/")
-        if not top.exists():
-            continue
-        dirs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
-        for d in [*dirs, top]:
-            while True:
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    if time.monotonic() >= deadline:
-                        raise
-                    time.sleep(0.2)
-
-
-def remove_stale_cgroups() -> None:
-    """Cgroups of a run that was killed (SIGKILL leaves no time to clean up): its
-    processes died with its sandbox, its empty cgroups stay until removed here."""
-    for top in {p.name for h in cgroup_hierarchies() for p in h.glob("ate-e2e-*")}:
-        pid = top.removeprefix("ate-e2e-").split("-")[0]
-        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-            remove_cgroup_tree(f"/{top}", timeout=10)
-
-
 def ns_pid(host_pid: int) -> int:
     """The PID ``host_pid`` has in its own (the sandbox's) PID namespace."""
     status = Path(f"/proc/{host_pid}/status").read_text()
@@ -195,12 +162,15 @@ class Cluster:
         *,
         release: str = DEFAULT_RELEASE,
         nodes: int = 1,
+        cgroup: int = 1,
     ) -> None:
-        """``k8s_bin`` holds one directory per release (tools/build-k8s.sh's output)."""
+        """``k8s_bin`` holds one directory per release (tools/build-k8s.sh's output);
+        ``cgroup`` is the version the nodes run on (see :mod:`tests.e2e.cgroups`)."""
         if runtime not in RUNTIMES or (runtime == CONTAINERD2) != (containerd2_bin is not None):
             raise ValueError(f"runtime {runtime!r} (one of {RUNTIMES}; {CONTAINERD2} with its binaries' directory)")
-        if release not in RELEASES or nodes < 1:
-            raise ValueError(f"release {release!r} (one of {RELEASES}), nodes {nodes} (at least 1)")
+        if release not in RELEASES or nodes < 1 or cgroup not in CGROUP_VERSIONS:
+            raise ValueError(f"release {release!r} (one of {RELEASES}), nodes {nodes} (at least 1), "
+                             f"cgroup {cgroup} (one of {CGROUP_VERSIONS})")  # fmt: skip
         self.sandbox = sandbox
         self.dir = workdir
         self.release = release
@@ -210,13 +180,14 @@ class Cluster:
         self.runtime = runtime
         self.containerd2_bin = containerd2_bin
         self.node_count = nodes
+        self.cgroup = cgroup
         self.pki = workdir / "pki"
         self.kubeconfig = self.pki / "admin.kubeconfig"
         #: CRI registry ``config_path`` of every node: ``<host:port>/hosts.toml`` files.
         self.registry_config_dir = workdir / "registry-hosts"
         #: ``/etc/hosts`` of the sandbox and of every node (bind-mounted by :meth:`up`).
         self.hosts_file = workdir / "hosts"
-        self.key = f"{release}-{runtime}-{nodes}"
+        self.key = f"{release}-{runtime}-{nodes}-cgroup{cgroup}"
         self.nodes: list[Node] = []
         self.env = {**os.environ, "KUBECONFIG": str(self.kubeconfig),
                     "PATH": f"{self.kubectl_path.parent}:{os.environ['PATH']}"}  # fmt: skip
@@ -236,7 +207,7 @@ class Cluster:
         self._hosts()
         self._network()
         self._control_plane()
-        remove_stale_cgroups()
+        cgroups.remove_stale()
         # One after the other, from this thread: each long-running process dies with the
         # thread that started it (PR_SET_PDEATHSIG), so no worker thread may start one.
         for index in range(self.node_count):
@@ -414,9 +385,51 @@ class Cluster:
         self.sandbox.close()
         for node in self.nodes:
             node.remove_cgroups()
+        cgroups.release_controllers()
 
 
 _EC = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+
+# A v2 node's containerd runs runc through this wrapper, for two things of this host only
+# (docs/e2e-nodes.md); a real v2 host needs neither. At `create` it edits the bundle's spec:
+# * runc writes every limit of the spec and fails on a controller its hierarchy lacks
+#   ("cpu.weight: no such file or directory"), and the unified hierarchy here offers only
+#   what the host's v1 hierarchies leave (hugetlb): the limits of controllers that
+#   /sys/fs/cgroup does not offer are dropped;
+# * the kubelet runs without QoS cgroups there and so gives containerd no cgroup parent;
+#   containerd's default, /k8s.io/<id>, would be one directory for every node's
+#   containers: they go under the node's cgroup root (argv[1]) instead.
+# Nothing else changes: the device rules, which runc turns into its eBPF filter, above all.
+_SPEC_FOR_V2 = r"""
+import json, sys
+root, args = sys.argv[1], sys.argv[2:]
+bundle = next((a.split("=", 1)[1] for a in args if a.startswith("--bundle=")), None)
+bundle = bundle or next((args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--bundle", "-b")), ".")
+path = bundle + "/config.json"
+with open(path) as f:
+    spec = json.load(f)
+limits = (spec.get("linux") or {}).get("resources") or {}
+offered = set(open("/sys/fs/cgroup/cgroup.controllers").read().split())
+for key, controller in {"cpu": "cpu", "memory": "memory", "pids": "pids", "blockIO": "io",
+                        "hugepageLimits": "hugetlb", "rdma": "rdma"}.items():
+    if key in limits and controller not in offered:
+        del limits[key]
+for name in list(limits.get("unified") or {}):
+    if name.split(".")[0] not in offered:
+        del limits["unified"][name]
+parts = (spec.get("linux") or {}).get("cgroupsPath", "").strip("/").split("/")
+if len(parts) == 2 and parts[0] == "k8s.io":
+    spec["linux"]["cgroupsPath"] = root + "/" + parts[1]
+with open(path, "w") as f:
+    json.dump(spec, f)
+"""
+_RUNC_V2 = """#!/bin/sh
+# runc for a cgroup v2 node of tests/e2e/cluster.py (see _SPEC_FOR_V2 there)
+case " $* " in
+*" create "*) {python} -c '{edit}' {root} "$@" || exit 1 ;;
+esac
+exec {runc} "$@"
+"""
 
 
 class Node:
@@ -444,12 +457,16 @@ class Node:
         for d in ("cni/net.d", "containerd", "kubelet"):
             (self.dir / d).mkdir(parents=True, exist_ok=True)
         self.ns = self.cluster.sandbox.node(self.name)
+        if self.cluster.cgroup == 2:
+            # The kernel's cgroup2 hierarchy over the host's v1 mounts, in this node's
+            # mount namespace only: the kubelet, containerd and runc here see a v2 host.
+            self.run(["mount", "-t", "cgroup2", "none", "/sys/fs/cgroup"])
         self._certificates()
         self._network()
         self.start_containerd()
         for archive in self.cluster.images:
             self.ctr("images", "import", str(archive), timeout=600)
-        self._make_cgroup_root()
+        cgroups.make_root(self.cgroup_root, self.cluster.cgroup)
         self.start_kubelet()
 
     # --- in the node's namespaces ----------------------------------------------------
@@ -521,7 +538,7 @@ state = "/run/containerd/state"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        BinaryName = "{shutil.which("runc") or "/usr/sbin/runc"}"
+        BinaryName = "{self._runc()}"
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "{CNI_BIN_DIR}"
@@ -566,13 +583,23 @@ state = "/run/containerd/state"
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
-        BinaryName = "{shutil.which("runc") or "/usr/sbin/runc"}"
+        BinaryName = "{self._runc()}"
         SystemdCgroup = false
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["{CNI_BIN_DIR}"]
     conf_dir = "{self.dir}/cni/net.d"
 """)
         return path
+
+    def _runc(self) -> str:
+        """Debian's runc; on a cgroup v2 node, through :data:`_RUNC_V2` (written here)."""
+        runc = shutil.which("runc") or "/usr/sbin/runc"
+        if self.cluster.cgroup == 1:
+            return runc
+        wrapper = self.dir / "containerd" / "runc-v2"
+        wrapper.write_text(_RUNC_V2.format(python=sys.executable, edit=_SPEC_FOR_V2, root=self.cgroup_root, runc=runc))
+        wrapper.chmod(0o755)
+        return str(wrapper)
 
     def _containerd_binary(self, name: str) -> str:
         bin_dir = self.cluster.containerd2_bin
@@ -596,14 +623,6 @@ state = "/run/containerd/state"
         self.cluster.sandbox.processes.remove(self.containerd)
         self.start_containerd()
 
-    def _make_cgroup_root(self) -> None:
-        for hierarchy in cgroup_hierarchies():
-            path = hierarchy / self.cgroup_root.lstrip("/")
-            path.mkdir(exist_ok=True)
-            for name in ("cpuset.cpus", "cpuset.mems"):  # an empty cpuset takes no task
-                if (path / name).exists():
-                    (path / name).write_text((hierarchy / name).read_text())
-
     def _kubelet_config(self) -> Path:
         pki = self.cluster.pki
         config = {
@@ -614,7 +633,6 @@ state = "/run/containerd/state"
             "healthzBindAddress": "127.0.0.1",
             "cgroupDriver": "cgroupfs",
             "cgroupRoot": self.cgroup_root,
-            "failCgroupV1": False,  # the host runs cgroup v1; kubelet >= 1.35 refuses it otherwise
             "failSwapOn": False,
             # The pod sync, which also refreshes ConfigMap volumes: every 10 s instead of every
             # minute, so a live config change reaches the plugin in seconds.
@@ -630,6 +648,14 @@ state = "/run/containerd/state"
             "imageGCLowThresholdPercent": 99,
             "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
         }  # fmt: skip
+        if self.cluster.cgroup == 1:
+            config["failCgroupV1"] = False  # kubelets >= 1.35 refuse cgroup v1 otherwise
+        else:
+            # No QoS cgroups: the unified hierarchy here lacks cpu, memory and pids, and a
+            # restarted kubelet that finds its QoS cgroups sets their limits at start, and
+            # dies of it (docs/e2e-nodes.md). Pods go under the cgroup root directly.
+            config["cgroupsPerQOS"] = False
+            config["enforceNodeAllocatable"] = []  # the kubelet requires cgroupsPerQOS for "pods"
         path = self.dir / "kubelet" / "config.yaml"
         path.write_text(json.dumps(config))
         return path
@@ -686,4 +712,4 @@ state = "/run/containerd/state"
         return time.monotonic() - start
 
     def remove_cgroups(self, timeout: float = 60) -> None:
-        remove_cgroup_tree(self.cgroup_root, timeout)
+        cgroups.remove_tree(self.cgroup_root, timeout)

@@ -1,6 +1,8 @@
-"""The e2e suite's clusters: each kind (release, runtime, number of nodes) brought up once,
-on first use, and ended at the session's end, with the checks that nothing of them is
-left on the host (see conftest.py)."""
+"""The e2e suite's clusters: each kind (release, runtime, number of nodes, cgroup version)
+brought up once, on first use, and ended at the session's end, with the checks that
+nothing of them is left on the host (see conftest.py). Every node imports three images:
+the project's, the pause image and the VMM image of tests/e2e/vmm.py (built once, when
+the first cluster comes up; ``REUSE_VMM_IMAGE=<name>`` uses one built before instead)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e import cgroups
 from tests.e2e.cluster import (
     CLIENT_RELEASE,
     CNI_BIN_DIR,
@@ -28,8 +31,9 @@ from tests.e2e.cluster import (
 )
 from tests.e2e.images import save_pause_image, save_plugin_image
 from tests.e2e.sandbox import Sandbox, children
+from tests.e2e.vmm import VMM_IMAGE, build_guest, build_image, save_image
 from tests.harness.chart import helm_path
-from tests.harness.image import BuiltImage
+from tests.harness.image import BuiltImage, buildah
 from tests.harness.require import in_ci
 
 HOST_PATHS = ("/var/lib/kubelet", "/run/containerd", "/var/log/containers", "/var/log/pods", "/run/cdi", "/etc/cdi")
@@ -47,6 +51,7 @@ def missing_prerequisite(release: str = DEFAULT_RELEASE, runtime: str = DEBIAN_C
     tools = {
         "unshare": "util-linux", "nsenter": "util-linux", "ip": "iproute2", "openssl": "openssl",
         "containerd": "containerd", "ctr": "containerd", "runc": "runc", "etcd": "etcd-server",
+        "as": "binutils", "ld": "binutils",  # the VMM image's guest (tests/e2e/guest)
     }  # fmt: skip
     for tool, package in tools.items():
         if shutil.which(tool) is None:
@@ -70,13 +75,15 @@ def missing_prerequisite(release: str = DEFAULT_RELEASE, runtime: str = DEBIAN_C
 def host_state() -> dict[str, object]:
     """What of the host a cluster could leave changed: paths the kubelet and containerd
     hard-code, the clusters' links in the host's network namespace, their tmpfs mounts
-    (source ``ate-e2e``) in the host's mount table."""
+    (source ``ate-e2e``) in the host's mount table, the controllers enabled at the top of
+    the unified cgroup hierarchy (cgroup v2 nodes enable theirs) and the cgroups there."""
     state: dict[str, object] = {path: os.path.exists(path) for path in HOST_PATHS}
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
     names = {line.split(":")[1].strip().split("@")[0] for line in links.splitlines()}
     state["links"] = sorted(n for n in names if n in (NODES_BRIDGE, POD_BRIDGE) or n.startswith("e2e-"))
     with open("/proc/self/mountinfo") as mountinfo:
         state["mounts"] = sorted(line.split()[4] for line in mountinfo if " - tmpfs ate-e2e " in line)
+    state["cgroup2 subtree_control"], state["cgroup2 top cgroups"] = cgroups.top_state()
     return state
 
 
@@ -93,11 +100,15 @@ class Clusters:
     image: BuiltImage
     tmp_path_factory: pytest.TempPathFactory
     before: dict[str, object] = field(default_factory=host_state)
-    up: dict[tuple[str, str, int], Cluster] = field(default_factory=dict)
-    failed: dict[tuple[str, str, int], str] = field(default_factory=dict)
+    up: dict[tuple[str, str, int, int], Cluster] = field(default_factory=dict)
+    failed: dict[tuple[str, str, int, int], str] = field(default_factory=dict)
+    vmm_archive: Path | None = None
+    vmm_built: str = ""  # the local name of the VMM image this session built (removed at the end)
 
-    def get(self, release: str = DEFAULT_RELEASE, runtime: str = DEBIAN_CONTAINERD, nodes: int = 1) -> Cluster:
-        key = (release, runtime, nodes)
+    def get(
+        self, release: str = DEFAULT_RELEASE, runtime: str = DEBIAN_CONTAINERD, nodes: int = 1, cgroup: int = 1
+    ) -> Cluster:
+        key = (release, runtime, nodes, cgroup)
         if key in self.failed:  # once is enough: every later test of it fails at once
             pytest.fail(f"cluster {key} did not come up: {self.failed[key]}", pytrace=False)
         if key not in self.up:
@@ -107,21 +118,23 @@ class Clusters:
                     pytest.fail(f"{why} (CI=true or E2E_REQUIRED=1)")
                 pytest.skip(why)
             try:
-                self.up[key] = self._boot(release, runtime, nodes)
+                self.up[key] = self._boot(release, runtime, nodes, cgroup)
             except Exception as exc:
                 self.failed[key] = f"{type(exc).__name__}: {str(exc)[-3000:]}"
                 raise
         return self.up[key]
 
-    def _boot(self, release: str, runtime: str, nodes: int) -> Cluster:
-        workdir = self.tmp_path_factory.mktemp(f"e2e-{release}-{runtime}-{nodes}")
+    def _boot(self, release: str, runtime: str, nodes: int, cgroup: int) -> Cluster:
+        workdir = self.tmp_path_factory.mktemp(f"e2e-{release}-{runtime}-{nodes}-cgroup{cgroup}")
         images = [
             save_plugin_image(self.image.name, workdir / "ate-devplugin.tar"),
             save_pause_image(k8s_bin_dir() / release / "pause", workdir / "pause.tar"),
+            self.vmm_image(),
         ]
         sandbox = Sandbox(workdir / "logs")
         containerd2 = containerd2_bin_dir() if runtime == CONTAINERD2 else None
-        cluster = Cluster(sandbox, workdir, k8s_bin_dir(), images, runtime, containerd2, release=release, nodes=nodes)
+        cluster = Cluster(sandbox, workdir, k8s_bin_dir(), images, runtime, containerd2, release=release, nodes=nodes,
+                          cgroup=cgroup)  # fmt: skip
         try:
             sandbox.start()
             cluster.up()
@@ -129,6 +142,18 @@ class Clusters:
             end(cluster)
             raise
         return cluster
+
+    def vmm_image(self) -> Path:
+        """The VMM image's archive, made once per session."""
+        if self.vmm_archive is None:
+            workdir = self.tmp_path_factory.mktemp("vmm")
+            name = os.environ.get("REUSE_VMM_IMAGE", "")
+            if not name:
+                name = f"{VMM_IMAGE}-{os.getpid()}"  # one name per session: runs side by side never clash
+                print(build_image(build_guest(workdir / "guest"), name))
+                self.vmm_built = name
+            self.vmm_archive = save_image(name, workdir / "vmm.tar")
+        return self.vmm_archive
 
     def close(self) -> None:
         errors = []
@@ -138,6 +163,8 @@ class Clusters:
             except AssertionError as exc:
                 errors.append(str(exc))
         self.up.clear()
+        if self.vmm_built and os.environ.get("KEEP_TEST_IMAGE") != "1":
+            buildah("rmi", self.vmm_built, check=False)
         check_host(self.before)
         assert not errors, "\n".join(errors)
 
@@ -151,5 +178,5 @@ def end(cluster: Cluster) -> None:
     left = [pid for pid in [*spawned, init] if os.path.exists(f"/proc/{pid}")]
     left += [c for pid in spawned for c in children(pid)]
     assert not left, f"processes of cluster {cluster.key} still running: {left}"
-    leftover = [str(p) for node in cluster.nodes for p in Path("/sys/fs/cgroup").glob(f"*/{node.cgroup_root[1:]}")]
+    leftover = [path for node in cluster.nodes for path in cgroups.left(node.cgroup_root)]
     assert not leftover, f"cgroups left: {leftover}"

@@ -2,7 +2,7 @@
 around, and for the test that kills the process holding one (test_cluster.py).
 
     python3 -m tests.e2e.run_cluster --workdir /tmp/c --release 1.37 --runtime containerd2 --nodes 2 \\
-        --image build/pause.tar
+        --cgroup 2 --image build/pause.tar
 
 When the nodes are Ready it prints one JSON line: the sandbox's init PID (``nsenter -t
 <pid> -m -n -p`` enters it), the admin kubeconfig, kubectl, and each node's name, init
@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from tests.e2e.cluster import (
+    CGROUP_VERSIONS,
     CONTAINERD2,
     DEFAULT_RELEASE,
     RELEASES,
@@ -35,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--release", choices=RELEASES, default=DEFAULT_RELEASE)
     parser.add_argument("--runtime", choices=RUNTIMES, default=RUNTIMES[0])
     parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--cgroup", type=int, choices=CGROUP_VERSIONS, default=1, help="the nodes' cgroup version")
     parser.add_argument("--image", type=Path, action="append", default=[], help="an image archive every node imports")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds through the finally below, as Ctrl-C does
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     containerd2 = containerd2_bin_dir() if args.runtime == CONTAINERD2 else None
     cluster = Cluster(
         sandbox, args.workdir, k8s_bin_dir(), args.image, args.runtime, containerd2,
-        release=args.release, nodes=args.nodes,
+        release=args.release, nodes=args.nodes, cgroup=args.cgroup,
     )  # fmt: skip
     try:
         sandbox.start()

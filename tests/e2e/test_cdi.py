@@ -1,7 +1,9 @@
-"""CDI on a real node: the one-node cluster on containerd 2, the chart with a resource that
-answers Allocate with its CDI device name only, and a non-root pod that opens /dev/kvm
-because the daemon's CDI spec gives the node mode 0666 in the container: containerd's
-``device_ownership_from_security_context`` is off and nothing else is set on the node.
+"""CDI on a real node: the one-node cluster on containerd 2 and cgroup v2, the chart with
+/dev/kvm and /dev/net/tun as resources that answer Allocate with their CDI device name
+only, and the micro-VM worker (docs/examples/microvm-worker-pod.yaml): QEMU as uid 10001
+opens both because the daemon's CDI specs give the nodes mode 0666 in the container
+(containerd's ``device_ownership_from_security_context`` is off and nothing else is set on
+the node), and boots its guest.
 
 The tests run in file order and share one release, removed by the uninstall test. The
 last one checks the same chart on Debian's containerd 1.6 (the ``cluster`` fixture), with
@@ -21,23 +23,28 @@ from tests.e2e.userpath import (
     NAMESPACE,
     RELEASE,
     RESOURCE,
+    TUN,
     Helm,
-    consumer_pod,
-    kvm_rule,
+    booted_as_shipped,
     metrics,
-    ran_vm,
-    run_consumer,
+    run_pod,
     sample,
     wait_plugin_ready,
+    worker,
 )
+from tests.e2e.vmm import NO_KVM
 
 SPEC_FILE = f"{CDI_SPEC_DIR}/ate.dev-kvm.json"
-CDI_RESOURCES = [{"name": RESOURCE, "devices": ["/dev/kvm"], "allocate": "cdi", "cdi": {"file_mode": "0666"}}]
+TUN_SPEC_FILE = f"{CDI_SPEC_DIR}/ate.dev-tun.json"
+CDI_RESOURCES: list[dict[str, Any]] = [
+    {"name": RESOURCE, "devices": ["/dev/kvm"], "allocate": "cdi", "cdi": {"file_mode": "0666"}},
+    {"name": TUN, "devices": ["/dev/net/tun"], "units": 1024, "allocate": "cdi", "cdi": {"file_mode": "0666"}},
+]
 
 
-def node_spec(cluster: Cluster) -> dict[str, Any] | None:
-    """The CDI spec file on the node (in its mount namespace, where containerd reads it), or None."""
-    out = cluster.node.run(["cat", SPEC_FILE], check=False)
+def node_spec(cluster: Cluster, path: str = SPEC_FILE) -> dict[str, Any] | None:
+    """A CDI spec file on the node (in its mount namespace, where containerd reads it), or None."""
+    out = cluster.node.run(["cat", path], check=False)
     return json.loads(out.stdout) if out.returncode == 0 else None
 
 
@@ -77,28 +84,28 @@ def test_the_daemon_writes_the_spec_into_the_nodes_cdi_dir(cluster_containerd2: 
         result="success",
     )
     assert written == 1
+    tun = wait_until("the tun CDI spec on the node", lambda: node_spec(cluster_containerd2, TUN_SPEC_FILE), 60)
+    (node,) = tun["devices"][0]["containerEdits"]["deviceNodes"]
+    assert (node["path"], node["major"], node["minor"], node["fileMode"]) == ("/dev/net/tun", 10, 200, 0o666)
 
 
-def test_a_non_root_pod_opens_kvm_through_the_cdi_spec(cluster_containerd2: Cluster, installed: None) -> None:
-    """The example pod as shipped (uid 10001, no capability, no privilege escalation): its
-    Allocate answer names only ``ate.dev/kvm=kvm``, so the node it gets is the spec's."""
-    result = run_consumer(cluster_containerd2, consumer_pod("cdi-kvm"))
-    print(f"non-root pod on containerd 2 with CDI: {result}")
-    assert result["phase"] == "Succeeded", result
-    assert result["uid"] == 10001
-    assert result["cap_eff"] == "0000000000000000"
-    mode, _uid, _gid, major, minor = result["node"]
-    assert (mode, major, minor) == ("crw-rw-rw-", 10, 232)
-    assert kvm_rule(result["devices_list"]) == ["c 10:232 rw"]
-    assert ran_vm(result), result
+def test_qemu_boots_through_the_cdi_specs(cluster_containerd2: Cluster, installed: None) -> None:
+    """The worker as shipped (QEMU as uid 10001, no capability, no privilege escalation):
+    the Allocate answers name only ``ate.dev/kvm=kvm`` and ``ate.dev/tun=tun``, so the nodes
+    it gets are the specs'."""
+    run = run_pod(cluster_containerd2, worker("cdi-qemu"))
+    booted_as_shipped(run, cluster_containerd2.cgroup)
+    nodes = {path: found.split() for path, found in run.nodes().items()}
+    assert (nodes["/dev/kvm"][0], nodes["/dev/kvm"][3]) == ("crw-rw-rw-", "a:e8"), nodes
+    assert (nodes["/dev/net/tun"][0], nodes["/dev/net/tun"][3]) == ("crw-rw-rw-", "a:c8"), nodes
 
 
-def test_a_pod_without_the_request_sees_no_kvm(cluster_containerd2: Cluster, installed: None) -> None:
-    result = run_consumer(cluster_containerd2, consumer_pod("cdi-none", request=False))
-    assert result["phase"] == "Succeeded", result
-    assert str(result["node"]).startswith("FileNotFoundError"), result
-    assert result["vm_error"] == result["node"], result  # no VM either
-    assert kvm_rule(result["devices_list"]) == []
+def test_qemu_without_the_request_has_no_kvm(cluster_containerd2: Cluster, installed: None) -> None:
+    run = run_pod(cluster_containerd2, worker("cdi-no-kvm", kvm=False))
+    print(f"without ate.dev/kvm: exit {run.exit_code}; {run.logs.strip()}")
+    assert run.exit_code == 1, run.logs
+    assert NO_KVM in run.logs
+    assert "No such file or directory" in run.nodes()["/dev/kvm"]
 
 
 def test_helm_uninstall_removes_the_spec(cluster_containerd2: Cluster, helm_containerd2: Helm, installed: None) -> None:
@@ -109,19 +116,19 @@ def test_helm_uninstall_removes_the_spec(cluster_containerd2: Cluster, helm_cont
 
 
 def test_both_keeps_a_runtime_without_cdi_working(cluster: Cluster, helm: Helm) -> None:
-    """``allocate: both`` on Debian's containerd 1.6, which has no CDI: the pod gets
-    /dev/kvm from the device specs (the cluster's device ownership makes it the pod
-    user's), and the CDI name beside them is ignored, not an error."""
-    both = [{**CDI_RESOURCES[0], "allocate": "both"}]
+    """``allocate: both`` on Debian's containerd 1.6 (cgroup v1), which has no CDI: the
+    worker gets /dev/kvm and /dev/net/tun from the device specs (the cluster's device
+    ownership makes them the pod user's), and the CDI names beside them are ignored, not
+    an error."""
+    both = [{**r, "allocate": "both"} for r in CDI_RESOURCES]
     helm.install("--set-json", f"deviceConfig.resources={json.dumps(both)}")
     try:
         wait_plugin_ready(cluster)
         cluster.node.wait_resource(RESOURCE, "4096")
         assert node_spec(cluster) is not None  # written; this runtime does not read it
-        result = run_consumer(cluster, consumer_pod("both-kvm"))
-        print(f"non-root pod on containerd 1.6 with allocate both: {result}")
-        assert result["phase"] == "Succeeded", result
-        assert ran_vm(result), result
+        run = run_pod(cluster, worker("both-qemu"))
+        booted_as_shipped(run, cluster.cgroup)
+        assert run.nodes()["/dev/kvm"].startswith("crw------- 10001 10001 a:e8"), run.nodes()
     finally:
         helm.uninstall()
     # As the user's path expects the node: no plugin, nothing allocatable.

@@ -11,6 +11,9 @@ containerd 2 (what the DRA scenarios build on) and what every cluster promises.
 * every node's containerd finds a registry through the cluster's ``config_path``
   directory (containerd 2 and Debian's 1.6), and on every node of every cluster
   ``ghcr.io`` resolves to the sandbox's OCI registry, which answers and is pulled from;
+* each node runs on its cluster's cgroup version (v2: the cgroup2 hierarchy in the node's
+  mount namespace, no failCgroupV1), and on both a pod that makes its own /dev/kvm node
+  cannot open it;
 * a run killed with SIGKILL leaves no process, mount or link on the host, and its empty
   cgroups go with the next run's stale-cgroup sweep.
 """
@@ -34,6 +37,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.e2e import cgroups
 from tests.e2e.cluster import (
     API_SERVICE_IP,
     CONTAINERD2,
@@ -41,13 +45,13 @@ from tests.e2e.cluster import (
     PAUSE_IMAGE,
     Cluster,
     Node,
-    remove_stale_cgroups,
     wait_until,
 )
 from tests.e2e.clusters import check_host, host_state
 from tests.e2e.images import PLUGIN_IMAGE
 from tests.e2e.registry import ADDRESS, HOST, serving
 from tests.e2e.sandbox import Namespaces
+from tests.e2e.userpath import run_pod, worker
 
 REPO = Path(__file__).resolve().parents[2]
 #: The 1.37 defaults the DRA migration relies on: gate -> stage.
@@ -332,6 +336,74 @@ def test_every_node_resolves_and_reaches_the_registry_as_ghcr_io(which: str, req
         assert node.run(["getent", "hosts", HOST], check=False).returncode != 0, f"{HOST} left on {node.name}"
 
 
+# --- cgroup v1 and v2 nodes, and what guards a device there ------------------------------
+
+
+@pytest.mark.parametrize("which", ["cluster", "cluster_containerd2", "cluster_137"])
+def test_each_node_runs_on_the_cgroup_version_of_its_cluster(which: str, request: pytest.FixtureRequest) -> None:
+    """Inside a v2 node /sys/fs/cgroup is the cgroup2 hierarchy, the kubelet reports
+    cgroup version 2, runs without failCgroupV1 and without QoS cgroups, and its cgroup
+    root has the controllers the kernel offers there; inside a v1 node it is the host's v1 mounts, the
+    kubelet reports 1 and needs failCgroupV1: false."""
+    cluster: Cluster = request.getfixturevalue(which)
+    for node in cluster.nodes:
+        fs = node.run(["stat", "-f", "-c", "%T", "/sys/fs/cgroup"]).stdout.strip()
+        config = json.loads((node.dir / "kubelet" / "config.yaml").read_text())
+        text = cluster.kubectl("get", "--raw", f"/api/v1/nodes/{node.name}/proxy/metrics")
+        version = next(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                       if s.name == "kubelet_cgroup_version")  # fmt: skip
+        print(f"{cluster.key} {node.name}: /sys/fs/cgroup is {fs}; kubelet_cgroup_version {version}; "
+              f"failCgroupV1 {config.get('failCgroupV1', 'unset')}")  # fmt: skip
+        assert version == cluster.cgroup
+        if cluster.cgroup == 2:
+            root = node.run(["cat", f"/sys/fs/cgroup{node.cgroup_root}/cgroup.controllers"]).stdout.split()
+            top = node.run(["cat", "/sys/fs/cgroup/cgroup.controllers"]).stdout.split()
+            print(f"  controllers offered at the top: {top}; at the node's cgroup root: {root}")
+            assert fs == "cgroup2fs"
+            assert "failCgroupV1" not in config
+            assert (config["cgroupsPerQOS"], config["enforceNodeAllocatable"]) == (False, [])
+            assert set(root) == set(top) & set(cgroups.KUBELET_CONTROLLERS)
+            assert not [h for h in cgroups.v1_hierarchies() if (h / node.cgroup_root.lstrip("/")).exists()]
+        else:
+            assert fs == "tmpfs"
+            assert config["failCgroupV1"] is False
+
+
+@pytest.mark.parametrize("which", ["cluster", "cluster_137"])
+def test_a_pod_that_makes_its_own_kvm_node_cannot_open_it(which: str, request: pytest.FixtureRequest) -> None:
+    """A pod without the request, root with CAP_MKNOD (inside the baseline Pod Security
+    Standard), makes /dev/kvm (c 10 232) itself: QEMU cannot open it, EPERM. On cgroup v1
+    the container's devices cgroup holds no rule for 10:232; on v2 no v1 devices cgroup
+    holds the container (the node's cgroup root has none), so what refuses the open is
+    the runtime's eBPF device filter."""
+    cluster: Cluster = request.getfixturevalue(which)
+    pod = worker("mknod-kvm", kvm=False, node=cluster.nodes[-1])
+    del pod["spec"]["initContainers"]
+    (vmm,) = pod["spec"]["containers"]
+    del vmm["resources"]["limits"]["ate.dev/tun"]
+    vmm["securityContext"].update(runAsUser=0, runAsGroup=0, runAsNonRoot=False,
+                                  capabilities={"drop": ["ALL"], "add": ["MKNOD"]})  # fmt: skip
+    report, qemu = vmm["command"][:4], vmm["command"][4:]
+    net = {i for i, arg in enumerate(qemu) if arg.startswith(("tap,", "virtio-net-pci"))}
+    qemu = [arg for i, arg in enumerate(qemu) if i not in net and i + 1 not in net]  # no NIC: KVM comes first
+    made = 'mknod /dev/kvm c 10 232 && echo "ate-e2e: made $(stat -c "%A %u %g %t:%T" /dev/kvm)" && exec "$@"'
+    vmm["command"] = [*report, "sh", "-c", made, "mknod", *qemu]
+    run = run_pod(cluster, pod)
+    print(f"{cluster.key}: {run.summary()}\n{run.logs}")
+    assert "ate-e2e: made crw-r--r-- 0 0 a:e8" in run.logs
+    assert run.facts()["CapEff"] == f"{1 << 27:016x}"  # CAP_MKNOD (27) only
+    assert "Could not access KVM kernel module: Operation not permitted" in run.logs
+    assert run.exit_code == 1
+    if cluster.cgroup == 1:
+        assert run.facts()["cgroup"] == "tmpfs"
+        assert not [rule for rule in run.devices_list() if rule.startswith(("c 10:232 ", "a "))], run.devices_list()
+    else:
+        assert run.facts()["cgroup"] == "cgroup2fs"
+        assert run.devices_list() == []
+        node = cluster.nodes[-1]
+        assert not [h for h in cgroups.v1_hierarchies() if (h / node.cgroup_root.lstrip("/")).exists()]
+
+
 # --- a run killed with SIGKILL --------------------------------------------------------------
 
 
@@ -359,26 +431,19 @@ def running(pid: int) -> bool:
         return False
 
 
-def cgroup_procs(root: str) -> set[int]:
-    return {
-        int(pid)
-        for f in Path("/sys/fs/cgroup/pids").joinpath(root.lstrip("/")).rglob("cgroup.procs")
-        for pid in f.read_text().split()
-    }
-
-
 def test_a_run_killed_with_sigkill_leaves_nothing_behind(cluster_137: Cluster, tmp_path: Path) -> None:
     """A process holding a two-node cluster with a pod on each node (containers, shims,
     pod network namespaces, overlay mounts) gets SIGKILL: no time for any clean-up of its
     own. Every process of it ends, the host is as before, and its cgroups (empty) are
     removed by the next run's sweep."""
     before = host_state()
-    pause_archive = cluster_137.images[-1]
+    pause_archive = next(p for p in cluster_137.images if p.name == "pause.tar")
     log = tmp_path / "holder.log"
     with log.open("wb") as out:
         holder = subprocess.Popen(
             [sys.executable, "-m", "tests.e2e.run_cluster", "--workdir", str(tmp_path / "killed"), "--release", "1.37",
-             "--runtime", CONTAINERD2, "--nodes", "2", "--image", str(pause_archive)],
+             "--runtime", CONTAINERD2, "--nodes", "2", "--cgroup", str(cluster_137.cgroup),
+             "--image", str(pause_archive)],
             cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
 
@@ -405,15 +470,16 @@ def test_a_run_killed_with_sigkill_leaves_nothing_behind(cluster_137: Cluster, t
         sandbox.run([info["kubectl"], "wait", "--for=condition=Ready", "pod", "--all", "--timeout=180s"],
                     env=env, timeout=200)  # fmt: skip
         roots = [node["cgroup_root"] for node in info["nodes"]]
-        pids = process_tree(holder.pid) | {p for root in roots for p in cgroup_procs(root)}
-        print(f"killing {holder.pid}: {len(pids)} processes, {sum(len(cgroup_procs(r)) for r in roots)} in pod cgroups")
+        pids = process_tree(holder.pid) | {p for root in roots for p in cgroups.procs(root)}
+        in_pods = sum(len(cgroups.procs(r)) for r in roots)
+        print(f"killing {holder.pid}: {len(pids)} processes, {in_pods} in pod cgroups")
         assert len(pids) > 20, pids
     finally:
         holder.kill()  # SIGKILL
         holder.wait(timeout=30)
     wait_until("every process of the killed run ended", lambda: not [p for p in pids if running(p)], 60)
-    check_host(before)
-    left = [root for root in roots if Path("/sys/fs/cgroup/pids", root.lstrip("/")).exists()]
+    left = [root for root in roots if cgroups.left(root)]
     assert left == roots, "a killed run has no time to remove its cgroups"
-    remove_stale_cgroups()
-    assert not [r for r in roots if list(Path("/sys/fs/cgroup").glob(f"*/{r.lstrip('/')}"))]
+    cgroups.remove_stale()
+    assert not [r for r in roots if cgroups.left(r)]
+    check_host(before)  # the sweep removed cgroups only: nothing else of the run was left

@@ -1,6 +1,8 @@
-"""DRA on a real node: the one-node cluster on containerd 2 (CDI), the chart with
-``dra.mode=dra``, and non-root pods that get /dev/kvm through a ResourceClaimTemplate for
-the chart's DeviceClass. The daemon registers through the kubelet's plugin registry,
+"""DRA on a real node: the one-node cluster on containerd 2 (CDI) and cgroup v2, the chart
+with ``dra.mode=dra`` and /dev/kvm and /dev/net/tun as resources, and the micro-VM worker
+(docs/examples/microvm-worker-pod.yaml) getting both through one ResourceClaimTemplate
+with a request for each of the chart's DeviceClasses: its init container takes the tun
+request, QEMU the claim. The daemon registers through the kubelet's plugin registry,
 publishes the node's slots as ResourceSlices, and answers NodePrepareResources with the
 resource's CDI device, whose spec gives the node mode 0666 in the container. A real
 Prometheus scrapes the daemon through the chart's ServiceMonitor, and every dashboard query
@@ -12,7 +14,6 @@ The tests run in file order and share one release, removed by the uninstall test
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import math
 import time
@@ -26,22 +27,27 @@ import pytest
 from tests.e2e.cluster import CDI_SPEC_DIR, NODE, Cluster, ClusterError, wait_until
 from tests.e2e.monitoring import SandboxPrometheus, dashboard_queries, dashboard_values, fill, scraping
 from tests.e2e.userpath import (
-    HOLD_VM,
+    CLAIM_TEMPLATE,
+    MICROVM_WORKERS,
     NAMESPACE,
     RELEASE,
     RESOURCE,
-    WORKLOADS,
+    TEST_SELECTOR,
+    TUN,
     Helm,
-    consumer_pod,
+    booted_as_shipped,
+    claiming,
     ensure_workload_namespace,
+    helm_test_passed,
     make_helm,
     metrics,
     plugin_pods,
-    ran_vm,
-    run_consumer,
+    run_pod,
     sample,
     wait_plugin_ready,
+    worker,
 )
+from tests.e2e.vmm import QemuRun
 from tests.harness.monitoring import reads_dra
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,25 +55,14 @@ REPO = Path(__file__).resolve().parents[2]
 DRIVER = "ate.dev"
 DEVICE_CLASS = "kvm.ate.dev"
 SLOTS = 4
+ALL_SLOTS = sorted(f"ate-dev-{r}-{i}" for r in ("kvm", "tun") for i in range(SLOTS))
 SPEC_FILE = f"{CDI_SPEC_DIR}/ate.dev-kvm.json"
 REGISTRATION_SOCKET = f"/var/lib/kubelet/plugins_registry/{DRIVER}-reg.sock"
 DRA_SOCKET = f"/var/lib/kubelet/plugins/{DRIVER}/dra.sock"
-RESOURCES = [{"name": RESOURCE, "devices": ["/dev/kvm"], "cdi": {"file_mode": "0666"}}]
-CLAIM_TEMPLATE = {
-    "apiVersion": "resource.k8s.io/v1",
-    "kind": "ResourceClaimTemplate",
-    "metadata": {"name": "kvm", "namespace": WORKLOADS},
-    "spec": {"spec": {"devices": {"requests": [{"name": "kvm", "exactly": {"deviceClassName": DEVICE_CLASS}}]}}},
-}
-
-
-def claiming(pod: dict[str, Any]) -> dict[str, Any]:
-    """The example pod asking through a claim from the template instead of the extended resource."""
-    pod = copy.deepcopy(pod)
-    pod["spec"]["resourceClaims"] = [{"name": "kvm", "resourceClaimTemplateName": "kvm"}]
-    container = pod["spec"]["containers"][0]
-    container["resources"] = {"claims": [{"name": "kvm"}]}
-    return pod
+RESOURCES = [
+    {"name": RESOURCE, "devices": ["/dev/kvm"], "cdi": {"file_mode": "0666"}},
+    {"name": TUN, "devices": ["/dev/net/tun"], "units": 1024, "cdi": {"file_mode": "0666"}},
+]
 
 
 def slices(cluster: Cluster) -> list[dict[str, Any]]:
@@ -155,10 +150,10 @@ def test_kubernetes_1_35_drops_multiple_allocations(cluster_containerd2: Cluster
 
 
 def test_the_node_falls_back_to_its_kvm_slots(cluster_containerd2: Cluster, installed: None) -> None:
-    """The driver first writes the shareable device, reads back that 1.35 dropped its
-    allowMultipleAllocations, and publishes the slots alone."""
+    """The driver first writes the shareable devices, reads back that 1.35 dropped their
+    allowMultipleAllocations, and publishes the slots alone (of both resources)."""
     pod = wait_plugin_ready(cluster_containerd2)
-    expected = sorted(f"ate-dev-kvm-{i}" for i in range(SLOTS))
+    expected = ALL_SLOTS
     names = wait_until("the node's slots", lambda: slice_devices(cluster_containerd2) == expected and expected, 60)
     print("kubectl get resourceslices:\n" + cluster_containerd2.kubectl("get", "resourceslices", "-o", "wide"))
     assert names == expected
@@ -187,34 +182,52 @@ def test_the_node_falls_back_to_its_kvm_slots(cluster_containerd2: Cluster, inst
     assert exists_on_node(cluster_containerd2, SPEC_FILE)
 
 
-def test_a_non_root_pod_opens_kvm_through_a_claim(cluster_containerd2: Cluster, installed: None) -> None:
-    result = run_consumer(cluster_containerd2, claiming(consumer_pod("dra-kvm", request=False)))
-    print(f"non-root pod with a ResourceClaimTemplate for {DEVICE_CLASS}: {result}")
-    assert result["phase"] == "Succeeded", result
-    assert result["uid"] == 10001
-    assert result["cap_eff"] == "0000000000000000"
-    mode, _uid, _gid, major, minor = result["node"]
-    assert (mode, major, minor) == ("crw-rw-rw-", 10, 232)
-    assert ran_vm(result), result
+def test_qemu_boots_through_a_claim(cluster_containerd2: Cluster, installed: None) -> None:
+    """The worker with a ResourceClaimTemplate for kvm.ate.dev and tun.ate.dev instead of
+    its extended resources: the init container makes the tap through the claim's tun,
+    QEMU (uid 10001, no capability) boots the guest on the claim's /dev/kvm."""
+    run = run_pod(cluster_containerd2, claiming(worker("dra-qemu")))
+    booted_as_shipped(run, cluster_containerd2.cgroup)
+    mode, _uid, _gid, device = run.nodes()["/dev/kvm"].split()
+    assert (mode, device) == ("crw-rw-rw-", "a:e8"), run.nodes()
 
 
 def holder(name: str) -> dict[str, Any]:
-    pod = claiming(consumer_pod(name, request=False))
+    pod = claiming(worker(name, hold=True))
     pod["metadata"]["name"] = f"{name}-{uuid.uuid4().hex[:6]}"
-    pod["spec"]["containers"][0]["command"] = ["python3", "-c", HOLD_VM]
     return pod
 
 
-def holder_report(cluster: Cluster, name: str) -> dict[str, Any] | None:
-    pod = cluster.get_json("pod", "-n", WORKLOADS, name)
+def holder_report(cluster: Cluster, name: str) -> QemuRun | None:
+    """What the holder's QEMU printed, once it ran (the pod keeps running after it)."""
+    pod = cluster.get_json("pod", "-n", MICROVM_WORKERS, name)
     if pod["status"].get("phase") != "Running":
         return None
-    logs = cluster.kubectl("logs", "-n", WORKLOADS, name, check=False).strip()
-    return json.loads(logs.splitlines()[-1]) if logs else None
+    logs = cluster.kubectl("logs", "-n", MICROVM_WORKERS, name, "-c", "vmm", check=False)
+    return QemuRun(logs, node=pod["spec"]["nodeName"]) if "ate-e2e: qemu exit=" in logs else None
 
 
-def _report(cluster: Cluster, name: str) -> Callable[[], dict[str, Any] | None]:
+def _report(cluster: Cluster, name: str) -> Callable[[], QemuRun | None]:
     return lambda: holder_report(cluster, name)
+
+
+def test_helm_test_verifies_through_a_claim(
+    cluster_containerd2: Cluster, helm_containerd2: Helm, installed: None
+) -> None:
+    """dra mode: the chart's test pod gets /dev/kvm through a ResourceClaimTemplate of
+    kvm.ate.dev (no extended resource), non-root with no capability, and verify runs a VM."""
+    start = time.monotonic()
+    out = helm_containerd2.run("test", RELEASE, "--namespace", NAMESPACE, "--logs", "--timeout", "3m", check=False)
+    print(f"helm test (dra) exit {out.returncode} after {time.monotonic() - start:.1f}s:\n{out.stdout}{out.stderr}")
+    assert out.returncode == 0
+    (pod,) = helm_test_passed(cluster_containerd2, out.stdout)
+    (claim,) = pod["spec"]["resourceClaims"]
+    templates = cluster_containerd2.get_json("resourceclaimtemplates", "-n", NAMESPACE, "-l", TEST_SELECTOR)["items"]
+    assert [t["metadata"]["name"] for t in templates] == [claim["resourceClaimTemplateName"]]
+    (request,) = templates[0]["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == DEVICE_CLASS
+    assert RESOURCE not in pod["spec"]["containers"][0]["resources"].get("limits", {})
+    cluster_containerd2.kubectl("delete", "pods", "-n", NAMESPACE, "-l", TEST_SELECTOR, "--wait=true", timeout=120)
 
 
 def test_two_pods_hold_kvm_at_once_the_dra_panels_show_them_and_deleting_them_unprepares(
@@ -230,15 +243,16 @@ def test_two_pods_hold_kvm_at_once_the_dra_panels_show_them_and_deleting_them_un
         cluster_containerd2.apply(pod)
     try:
         reports = [wait_until(f"{n} holding /dev/kvm", _report(cluster_containerd2, n), 180) for n in names]
-        print(f"two pods holding /dev/kvm at once: {reports}")
-        assert all(ran_vm(r) for r in reports), reports
-        claims = cluster_containerd2.get_json("resourceclaims", "-n", WORKLOADS)["items"]
+        for report in reports:
+            booted_as_shipped(report, cluster_containerd2.cgroup)
+        claims = cluster_containerd2.get_json("resourceclaims", "-n", MICROVM_WORKERS)["items"]
         devices = sorted(
             r["device"]
             for c in claims
-            if c["metadata"]["annotations"].get("resource.kubernetes.io/pod-claim-name") == "kvm"
+            if c["metadata"]["annotations"].get("resource.kubernetes.io/pod-claim-name") == "vm"
             and any(o["name"] in names for o in c["metadata"].get("ownerReferences", []))
             for r in c["status"]["allocation"]["devices"]["results"]
+            if r["request"] == "kvm"
         )
         print(f"their claims were allocated: {devices}")
         assert len(set(devices)) == 2
@@ -264,7 +278,7 @@ def test_two_pods_hold_kvm_at_once_the_dra_panels_show_them_and_deleting_them_un
         assert set(next(v for k, v in results.items() if "'DRA slices in sync, by node'" in k)) == {1}
     finally:
         for name in names:
-            cluster_containerd2.kubectl("delete", "pod", "-n", WORKLOADS, name, "--wait=true", timeout=180)
+            cluster_containerd2.kubectl("delete", "pod", "-n", MICROVM_WORKERS, name, "--wait=true", timeout=180)
 
     def unprepared_both() -> bool:
         values = plugin_metrics(cluster_containerd2)
@@ -286,14 +300,12 @@ def test_a_kubelet_restart_keeps_it_working(cluster_containerd2: Cluster, instal
         "slices written again",
         lambda: (
             {s["metadata"]["uid"] for s in slices(cluster_containerd2)} - created
-            and slice_devices(cluster_containerd2) == sorted(f"ate-dev-kvm-{i}" for i in range(SLOTS))
+            and slice_devices(cluster_containerd2) == ALL_SLOTS
         ),
         120,
     )
     print(f"slices back {time.monotonic() - started:.1f}s after the kubelet restart")
-    result = run_consumer(cluster_containerd2, claiming(consumer_pod("dra-after-kubelet", request=False)))
-    assert result["phase"] == "Succeeded", result
-    assert ran_vm(result), result
+    booted_as_shipped(run_pod(cluster_containerd2, claiming(worker("dra-after-kubelet"))), cluster_containerd2.cgroup)
 
 
 def test_a_plugin_restart_keeps_it_working(cluster_containerd2: Cluster, installed: None) -> None:
@@ -301,10 +313,8 @@ def test_a_plugin_restart_keeps_it_working(cluster_containerd2: Cluster, install
     cluster_containerd2.kubectl("delete", "pod", "-n", NAMESPACE, old["metadata"]["name"], "--wait=true", timeout=120)
     new = wait_plugin_ready(cluster_containerd2)
     assert new["metadata"]["uid"] != old["metadata"]["uid"]
-    wait_until("slices published", lambda: len(slice_devices(cluster_containerd2)) == SLOTS or None, 60)
-    result = run_consumer(cluster_containerd2, claiming(consumer_pod("dra-after-plugin", request=False)))
-    assert result["phase"] == "Succeeded", result
-    assert ran_vm(result), result
+    wait_until("slices published", lambda: len(slice_devices(cluster_containerd2)) == 2 * SLOTS or None, 60)
+    booted_as_shipped(run_pod(cluster_containerd2, claiming(worker("dra-after-plugin"))), cluster_containerd2.cgroup)
 
 
 def test_helm_uninstall_removes_slices_specs_and_sockets(

@@ -32,8 +32,8 @@ from tests.e2e.userpath import (
     RESOURCE,
     WORKLOADS,
     Helm,
-    consumer_pod,
     ensure_workload_namespace,
+    example_pod,
     metrics,
     plugin_pods,
     sample,
@@ -74,12 +74,12 @@ def prometheus(cluster: Cluster, release: None, helm: Helm) -> Iterator[SandboxP
 
 @pytest.fixture(scope="module")
 def holder(cluster: Cluster, release: None) -> Iterator[dict[str, str]]:
-    """A VM worker as the example ships it (non-root, one unit of ate.dev/kvm) that keeps
-    running; deleted by the last test (or at the end)."""
-    pod: dict[str, Any] = copy.deepcopy(consumer_pod("kvm-holder"))
+    """The device-only example as shipped (non-root, one unit of ate.dev/kvm), kept running;
+    deleted by the last test (or at the end)."""
+    pod: dict[str, Any] = copy.deepcopy(example_pod("kvm-holder"))
     pod["metadata"]["name"] += "-" + uuid.uuid4().hex[:6]
     container = pod["spec"]["containers"][0]
-    container["command"] = ["python3", "-c", "import time\nwhile True: time.sleep(3600)"]
+    container["command"] = ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1 & wait $!; done"]
     ensure_workload_namespace(cluster)
     wait_plugin_ready(cluster)
     cluster.node.wait_resource(RESOURCE, "4096")

@@ -1,12 +1,14 @@
 """The user's path on a real cluster: the release published by tools/release.sh to a real
 OCI registry, ``helm install`` of it with the very commands chart/README.md prints, the
-nodes pulling the image from the registry, a pod that opens /dev/kvm without privilege, a
-kubelet restart, a plugin pod replaced, ``helm upgrade``, ``helm uninstall``, and a real
-Prometheus scraping the plugin through service discovery.
+nodes pulling the image from the registry, the device-only example pod, the micro-VM
+worker preset and QEMU booting a guest with a NIC in an unprivileged pod
+(docs/examples/microvm-worker-pod.yaml, tests/e2e/vmm.py), a kubelet restart, a plugin pod
+replaced, ``helm upgrade``, ``helm uninstall``, and a real Prometheus scraping the plugin
+through service discovery.
 
 It runs on two clusters (the ``user_cluster`` parameter): Kubernetes 1.35 with one node on
-Debian's containerd 1.6, every test; and 1.37 with two nodes on containerd 2, the tests
-marked ``every_release``: what the kubelet and the API server of a release decide. The
+Debian's containerd 1.6 and cgroup v1, every test; and 1.37 with two nodes on containerd 2
+and cgroup v2, the tests marked ``every_release``: what the kubelet and the API server of a release decide. The
 chart's own checks, the runtime's settings and the dashboards run once, on 1.35. On two
 nodes the DaemonSet runs on both and every node is checked; a disruptive scenario acts on
 the last node, and the first one is checked to go on undisturbed.
@@ -31,6 +33,7 @@ import datetime
 import itertools
 import json
 import os
+import re
 import signal
 import time
 import uuid
@@ -69,35 +72,45 @@ from tests.e2e.userpath import (
     PLUGIN_SELECTOR,
     RELEASE,
     RESOURCE,
+    TEST_SELECTOR,
+    TUN,
     Helm,
-    consumer_pod,
+    booted_as_shipped,
+    ensure_workload_namespace,
+    example_pod,
+    helm_test_passed,
     is_ready,
-    kvm_rule,
     make_helm,
     metrics,
     plugin_pods,
-    ran_vm,
-    run_consumer,
+    run_pod,
     sample,
     wait_plugin_ready,
     watch_exit_code,
     watching,
+    worker,
 )
+from tests.e2e.vmm import NO_KVM, WORKER_VALUES
 from tests.harness.chart import doc_block, helm_path, prometheus_operator_crds
 from tests.harness.image import BuiltImage, buildah
 from tests.harness.monitoring import reads_dra, reads_pod_resources
 
 REPO = Path(__file__).resolve().parents[2]
-TUN = "ate.dev/tun"
 #: A group for the device node of scenario 3b (kvm's fixed GID on Fedora and RHEL).
 KVM_GID = 36
-EACCES = "PermissionError: [Errno 13] Permission denied: '/dev/kvm'"
+QEMU_EACCES = "Could not access KVM kernel module: Permission denied"
+#: docs/examples/microvm-worker-values.yaml: its resources, its units of ate.dev/tun, and
+#: the device nodes of two of them that these machines lack (no vhost modules).
+PRESET_RESOURCES = [r["name"] for r in yaml.safe_load(WORKER_VALUES.read_text())["deviceConfig"]["resources"]]
+TUN_UNITS = next(r["units"] for r in yaml.safe_load(WORKER_VALUES.read_text())["deviceConfig"]["resources"]
+                 if r["name"] == TUN)  # fmt: skip
+ABSENT_DEVICES = ("/dev/vhost-net", "/dev/vhost-vsock")
 VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
 PUBLISHED_CHART = "oci://ghcr.io/ate-dev/charts/ate-devplugin"
 IMAGE_REPOSITORY = "ate-dev/ate-devplugin"
 PUBLISHED_IMAGE = f"ghcr.io/{IMAGE_REPOSITORY}:{VERSION}"
-#: The clusters the path runs on: (release, runtime, nodes).
-USER_CLUSTERS = {"k8s1.35": ("1.35", DEBIAN_CONTAINERD, 1), "k8s1.37-2nodes": ("1.37", CONTAINERD2, 2)}
+#: The clusters the path runs on: (release, runtime, nodes, cgroup version).
+USER_CLUSTERS = {"k8s1.35": ("1.35", DEBIAN_CONTAINERD, 1, 1), "k8s1.37-2nodes": ("1.37", CONTAINERD2, 2, 2)}
 every_release = pytest.mark.every_release
 
 
@@ -247,6 +260,46 @@ def test_helm_install_makes_the_node_offer_kvm(
     table = user_helm.shell(doc_block("verify"), user_cluster.dir).stdout.splitlines()
     rows = [["NODE", "KVM"], *([n.name, "4096"] for n in user_cluster.nodes)]
     assert [row.split() for row in table[-len(rows) :]] == rows, table
+
+
+@every_release
+def test_helm_test_runs_a_vm_in_a_pod_and_on_every_node(
+    user_cluster: Cluster, installed: dict[str, Any], user_helm: Helm
+) -> None:
+    """chart/README.md's `helm test` as printed: one pod asking for ate.dev/kvm: 1, non-root
+    with no capability, runs `ate-devplugin verify` from the published image; then the
+    documented every-node commands: one pod per node offering the resource, each on its
+    node, all passing, and the plugin pods untouched by the upgrade that listed the nodes;
+    then a device that is no KVM (/dev/null): `helm test` fails, the pod's log saying why."""
+    for node in user_cluster.nodes:
+        node.wait_resource(RESOURCE, "4096")
+    start = time.monotonic()
+    out = user_helm.shell(doc_block("helm-test"), user_cluster.dir)
+    print(f"helm test returned after {time.monotonic() - start:.1f}s:\n{out.stdout}")
+    (pod,) = helm_test_passed(user_cluster, out.stdout)
+    assert pod["spec"]["containers"][0]["resources"]["limits"][RESOURCE] == "1"
+    plugins = sorted(p["metadata"]["uid"] for p in plugin_pods(user_cluster))
+    start = time.monotonic()
+    out = user_helm.shell(doc_block("helm-test-every-node"), user_cluster.dir)
+    print(f"every node: upgrade and helm test returned after {time.monotonic() - start:.1f}s:\n{out.stdout}")
+    pods = helm_test_passed(user_cluster, out.stdout)
+    assert sorted(p["spec"]["nodeName"] for p in pods) == sorted(n.name for n in user_cluster.nodes)
+    assert sorted(p["metadata"]["uid"] for p in plugin_pods(user_cluster)) == plugins, "the DaemonSet rolled"
+    # A failing verdict fails `helm test`, the reason last in the pod's log: a device that is no KVM.
+    user_helm.run("upgrade", RELEASE, *user_helm.chart, "--namespace", NAMESPACE, "--reuse-values",
+                  "--set", "test.device=/dev/null", "--set-json", "test.nodes=[]")  # fmt: skip
+    failed = user_helm.run("test", RELEASE, "--namespace", NAMESPACE, "--logs", check=False)
+    print(f"helm test on /dev/null: exit {failed.returncode}\n{failed.stdout}{failed.stderr}")
+    assert failed.returncode != 0
+    assert re.search(r"^Phase:\s+Failed$", failed.stdout, flags=re.MULTILINE), failed.stdout
+    assert re.search(
+        r"^FAIL not-a-kvm-device: /dev/null: character device 1:3 does not answer KVM_GET_API_VERSION",
+        failed.stdout, flags=re.MULTILINE,
+    ), failed.stdout  # fmt: skip
+    user_helm.run("upgrade", RELEASE, *user_helm.chart, "--namespace", NAMESPACE, "--reuse-values",
+                  "--set", "test.device=")  # fmt: skip
+    # Test pods stay until the next `helm test`, and helm uninstall leaves hooks' objects.
+    user_cluster.kubectl("delete", "pods", "-n", NAMESPACE, "-l", TEST_SELECTOR, "--wait=true", timeout=120)
 
 
 @every_release
@@ -472,31 +525,155 @@ def test_slice_policy_keeps_a_token_to_its_own_node(
             cluster.kubectl("delete", obj["kind"], obj["metadata"]["name"], "--ignore-not-found", check=False)
 
 
-# --- 2. a consumer pod --------------------------------------------------------------------
+# --- 2. consumer pods: the device-only example, then QEMU ----------------------------------
 
 
 @every_release
-def test_example_pod_opens_kvm_without_privilege(user_cluster: Cluster, installed: dict[str, Any]) -> None:
-    """The example as shipped: uid 10001, no capability, no privilege escalation, admitted
-    under the restricted Pod Security Standard; the node's /dev/kvm is 0600 root:root and
-    containerd sets device_ownership_from_security_context. On every node."""
+def test_example_pod_checks_kvm_without_privilege(user_cluster: Cluster, installed: dict[str, Any]) -> None:
+    """The device-only example as shipped (its own check): uid 10001, no capability, no
+    privilege escalation, admitted under the restricted Pod Security Standard; the node's
+    /dev/kvm is 0600 root:root and containerd sets device_ownership_from_security_context.
+    On every node."""
     for node in user_cluster.nodes:
-        result = run_consumer(user_cluster, consumer_pod("kvm-consumer", node=node))
-        assert result["phase"] == "Succeeded", result
-        assert result["uid"] == 10001
-        assert result["cap_eff"] == "0000000000000000"
-        assert result["no_new_privs"] == "1"
-        assert ran_vm(result), result
-        assert result["node"][1:] == [10001, 10001, 10, 232], result["node"]
-        assert kvm_rule(result["devices_list"]) == ["c 10:232 rw"], result["devices_list"]
+        run = run_pod(user_cluster, example_pod("kvm-consumer", node=node))
+        print(f"{node.name}: {run.logs.strip()}")
+        assert (run.phase, run.exit_code) == ("Succeeded", 0), run
+        assert re.fullmatch(r"kvm ok - crw------- 1 10001 10001 10, 232 .+ /dev/kvm", run.logs.strip()), run.logs
+
+
+def sockets(node: Node) -> list[str]:
+    out = node.run(["ls", "/var/lib/kubelet/device-plugins"]).stdout
+    return sorted(name for name in out.split() if name.startswith("ate-"))
+
+
+def with_worker_preset(cluster: Cluster, helm: Helm) -> None:
+    """docs/examples/microvm-worker-values.yaml installed (the same values again change
+    nothing); a changed config reaches the plugins live (restartOnChange false)."""
+    helm.upgrade("-f", str(WORKER_VALUES))
+    for node in cluster.nodes:
+        node.wait_resource(TUN, str(TUN_UNITS), timeout=180)
+        node.wait_resource(RESOURCE, "4096")
 
 
 @every_release
-def test_pod_without_the_request_has_no_kvm(user_cluster: Cluster, installed: dict[str, Any]) -> None:
-    result = run_consumer(user_cluster, consumer_pod("no-kvm", request=False, node=last(user_cluster)))
-    assert result["node"] == "FileNotFoundError: [Errno 2] No such file or directory: '/dev/kvm'"
-    assert result["vm_error"] == result["node"], result  # no VM either
-    assert kvm_rule(result["devices_list"]) == []
+def test_the_microvm_preset_advertises_what_each_node_has(
+    user_cluster: Cluster, installed: dict[str, Any], user_helm: Helm
+) -> None:
+    """The micro-VM worker preset: /dev/kvm and /dev/net/tun exist on these nodes, the
+    vhost modules are not loaded, so /dev/vhost-net and /dev/vhost-vsock do not: those two
+    resources are simply not advertised (no socket, nothing in the node's status), and the
+    plugin serves the others and is ready."""
+    with_worker_preset(user_cluster, user_helm)
+    for node in user_cluster.nodes:
+        absent = [p for p in ABSENT_DEVICES if node.run(["test", "-e", p], check=False).returncode != 0]
+        assert absent == list(ABSENT_DEVICES), f"{node.name} has {set(ABSENT_DEVICES) - set(absent)}"
+        pod = wait_plugin_ready(user_cluster, node)
+        status = node.get()["status"]
+        ours = {k: v for k, v in status["capacity"].items() if k.startswith("ate.dev/")}
+        values = metrics(user_cluster, pod)
+        registered_ = {r: sample(values, "ate_devplugin_registered", resource_name=r) for r in PRESET_RESOURCES}
+        print(f"{node.name}: capacity {ours}; sockets {sockets(node)}; registered {registered_}")
+        assert ours == {RESOURCE: "4096", TUN: str(TUN_UNITS)}, ours
+        assert status["allocatable"][TUN] == str(TUN_UNITS)
+        # One socket per advertised resource (from 1.37 each named with the plugin pod's UID).
+        found = sockets(node)
+        assert [n.rsplit(".", 1)[0][:15] for n in found] == ["ate-ate-dev-kvm", "ate-ate-dev-tun"], found
+        assert registered_ == {RESOURCE: 1, TUN: 1, "ate.dev/vhost-net": 0, "ate.dev/vhost-vsock": 0}, registered_
+        code, body = user_cluster.sandbox.http_get(f"http://{pod['status']['podIP']}:9477/readyz")
+        assert code == 200, body
+
+
+@every_release
+def test_qemu_boots_its_guest_unprivileged_on_every_node(
+    user_cluster: Cluster, installed: dict[str, Any], user_helm: Helm
+) -> None:
+    """docs/examples/microvm-worker-pod.yaml as shipped (image swapped): the root init
+    container with NET_ADMIN alone makes the tap through the /dev/net/tun it got from
+    ate.dev/tun; QEMU as uid 10001 with no capability gets /dev/kvm from ate.dev/kvm, boots
+    the guest, which prints its marker and finds its virtio-net NIC, and exits 67."""
+    with_worker_preset(user_cluster, user_helm)
+    for node in user_cluster.nodes:
+        run = run_pod(user_cluster, worker("qemu", node=node))
+        booted_as_shipped(run, user_cluster.cgroup)
+        assert run.nodes()["/dev/kvm"].startswith("crw------- 10001 10001 a:e8"), run.nodes()
+        assert run.nodes()["/dev/net/tun"].startswith("crw------- 10001 10001 a:c8"), run.nodes()
+        if user_cluster.cgroup == 1:
+            assert "c 10:232 rw" in run.devices_list(), run.devices_list()
+        else:
+            assert run.devices_list() == []  # v2: no such file, the runtime's eBPF filter holds the rules
+
+
+@every_release
+def test_qemu_without_the_request_says_why(user_cluster: Cluster, installed: dict[str, Any], user_helm: Helm) -> None:
+    """The worker without ``ate.dev/kvm``: no /dev/kvm, and QEMU says so before any guest runs."""
+    with_worker_preset(user_cluster, user_helm)
+    run = run_pod(user_cluster, worker("qemu-no-kvm", kvm=False, node=last(user_cluster)))
+    print(f"without ate.dev/kvm: exit {run.exit_code}; {run.logs.strip()}")
+    assert run.exit_code == run.qemu_exit == 1, run.logs
+    assert NO_KVM in run.logs
+    assert "No such file or directory" in run.nodes()["/dev/kvm"]
+    assert not run.marker
+
+
+def init_failure(cluster: Cluster, pod: dict[str, Any]) -> tuple[int | None, str]:
+    """Run ``pod``, whose init container is to fail: its exit code and output."""
+    pod["metadata"]["name"] += "-" + uuid.uuid4().hex[:6]
+    name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
+    ensure_workload_namespace(cluster)
+    cluster.apply(pod)
+    try:
+        got = wait_until(
+            f"pod {name} to fail",
+            lambda: (p := cluster.get_json("pod", "-n", namespace, name))["status"].get("phase") == "Failed" and p,
+            180,
+        )
+        (status,) = got["status"]["initContainerStatuses"]
+        logs = cluster.kubectl("logs", "-n", namespace, name, "-c", status["name"], check=False)
+        return status["state"]["terminated"]["exitCode"], logs
+    finally:
+        cluster.kubectl("delete", "pod", "-n", namespace, name, "--wait=false", check=False)
+
+
+def test_the_tap_needs_net_admin_and_a_tun_node_and_nothing_more(
+    user_cluster: Cluster, installed: dict[str, Any], user_helm: Helm
+) -> None:
+    """What the worker's init container needs, taken away one at a time: without NET_ADMIN
+    the kernel refuses the tap; without ate.dev/tun there is no /dev/net/tun to ask it
+    through (the runtime allows 10:200 in every container but makes no node), so the
+    alternative is MKNOD and a node of its own, shared with QEMU through an emptyDir."""
+    with_worker_preset(user_cluster, user_helm)
+    node = user_cluster.node
+    pod = worker("tap-no-net-admin", node=node)
+    pod["spec"]["initContainers"][0]["securityContext"]["capabilities"] = {"drop": ["ALL"]}
+    code, logs = init_failure(user_cluster, pod)
+    print(f"init container without NET_ADMIN: exit {code}: {logs.strip()}")
+    assert code == 1
+    assert "CapEff=0000000000000000" in logs
+    assert "ioctl(TUNSETIFF): Operation not permitted" in logs
+
+    pod = worker("tap-no-tun", node=node)
+    for container in pod["spec"]["initContainers"] + pod["spec"]["containers"]:
+        del container["resources"]["limits"][TUN]
+    code, logs = init_failure(user_cluster, pod)
+    print(f"init container without ate.dev/tun: exit {code}: {logs.strip()}")
+    assert code == 1
+    assert "CapEff=0000000000001000" in logs  # NET_ADMIN (12) only
+    assert "open: No such file or directory" in logs
+
+    pod = worker("tap-mknod", node=node)
+    (init,) = pod["spec"]["initContainers"]
+    (vmm,) = pod["spec"]["containers"]
+    for container in (init, vmm):
+        del container["resources"]["limits"][TUN]
+        container["volumeMounts"] = [{"name": "dev-net", "mountPath": "/dev/net"}]
+    pod["spec"]["volumes"] = [{"name": "dev-net", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
+    init["securityContext"]["capabilities"]["add"] = ["NET_ADMIN", "MKNOD"]
+    init["command"] = [*init["command"][:4], "sh", "-ec",
+                       'mknod -m 0666 /dev/net/tun c 10 200; exec "$@"', "mknod", *init["command"][4:]]  # fmt: skip
+    run = run_pod(user_cluster, pod)
+    print(f"MKNOD and a node of its own instead of ate.dev/tun: {run.summary()}")
+    assert run.booted(), run.logs
+    assert run.nodes()["/dev/net/tun"].startswith("crw-rw-rw- 0 0 a:c8"), run.nodes()
 
 
 # --- 3. non-root consumers on a node where /dev/kvm is 0600 root:root -------------------
@@ -524,13 +701,22 @@ def kvm_node_with_group(node: Node, gid: int) -> Iterator[None]:
         node.run(["sh", "-ec", f"umount /dev/kvm; rm -f {path}"])
 
 
-def test_non_root_pod_without_device_ownership_is_refused(user_cluster: Cluster, installed: dict[str, Any]) -> None:
+def test_non_root_pod_without_device_ownership_is_refused(
+    user_cluster: Cluster, installed: dict[str, Any], user_helm: Helm
+) -> None:
+    """The device node keeps the host's 0600 root:root: the example's check exits 1, and
+    QEMU says it cannot open /dev/kvm."""
+    with_worker_preset(user_cluster, user_helm)
     node = user_cluster.node
     with containerd_device_ownership(node, enabled=False):
-        result = run_consumer(user_cluster, consumer_pod("kvm-no-ownership", node=node))
-    assert result["node"][:3] == ["crw-------", 0, 0], result["node"]
-    assert result["error"] == result["vm_error"] == EACCES
-    assert result["phase"] == "Succeeded"  # the check script reports, it does not crash
+        example = run_pod(user_cluster, example_pod("kvm-no-ownership", node=node))
+        qemu = run_pod(user_cluster, worker("qemu-no-ownership", node=node))
+    print(f"without device ownership: the example exits {example.exit_code}; QEMU: {qemu.logs.strip()}")
+    assert (example.phase, example.exit_code, example.logs) == ("Failed", 1, "")
+    assert qemu.nodes()["/dev/kvm"].startswith("crw------- 0 0 a:e8"), qemu.nodes()
+    assert QEMU_EACCES in qemu.logs
+    assert qemu.exit_code == 1
+    assert not qemu.marker
 
 
 def test_non_root_pod_with_the_device_group_as_supplemental_group(
@@ -538,12 +724,11 @@ def test_non_root_pod_with_the_device_group_as_supplemental_group(
 ) -> None:
     node = user_cluster.node
     with containerd_device_ownership(node, enabled=False), kvm_node_with_group(node, KVM_GID):
-        with_group = run_consumer(user_cluster, consumer_pod("kvm-group", supplemental_groups=(KVM_GID,), node=node))
-        without = run_consumer(user_cluster, consumer_pod("kvm-no-group", node=node))
-    assert with_group["node"][:3] == ["crw-rw----", 0, KVM_GID], with_group["node"]
-    assert KVM_GID in with_group["groups"]
-    assert ran_vm(with_group), with_group
-    assert without["error"] == without["vm_error"] == EACCES
+        with_group = run_pod(user_cluster, example_pod("kvm-group", supplemental_groups=(KVM_GID,), node=node))
+        without = run_pod(user_cluster, example_pod("kvm-no-group", node=node))
+    print(f"with the group: {with_group.logs.strip()}; without: exit {without.exit_code}")
+    assert re.fullmatch(r"kvm ok - crw-rw---- 1 root 36 10, 232 .+ /dev/kvm", with_group.logs.strip()), with_group
+    assert (without.phase, without.exit_code) == ("Failed", 1)
 
 
 # --- 4. kubelet restart, plugin pod replaced ---------------------------------------------
@@ -557,7 +742,10 @@ def heartbeat(node: Node, status: dict[str, Any] | None = None) -> str:
 
 
 @every_release
-def test_kubelet_restart_needs_no_plugin_restart(user_cluster: Cluster, installed: dict[str, Any]) -> None:
+def test_kubelet_restart_needs_no_plugin_restart(
+    user_cluster: Cluster, installed: dict[str, Any], user_helm: Helm
+) -> None:
+    with_worker_preset(user_cluster, user_helm)
     node = last(user_cluster)
     others = {n.name: only_plugin_pod(user_cluster, n) for n in user_cluster.nodes if n is not node}
     pod = only_plugin_pod(user_cluster, node)
@@ -582,8 +770,8 @@ def test_kubelet_restart_needs_no_plugin_restart(user_cluster: Cluster, installe
     same = only_plugin_pod(user_cluster, node)
     assert same["metadata"]["uid"] == pod["metadata"]["uid"]
     assert same["status"]["containerStatuses"][0]["restartCount"] == restarts_before
-    result = run_consumer(user_cluster, consumer_pod("kvm-after-kubelet-restart", node=node))
-    assert ran_vm(result), result
+    run = run_pod(user_cluster, worker("qemu-after-kubelet-restart", node=node))
+    booted_as_shipped(run, user_cluster.cgroup)
     # Another node's kubelet, and so its plugin, saw nothing of it (its own kubelet.sock).
     for other in others.values():
         assert sample(metrics(user_cluster, other), "ate_devplugin_kubelet_restarts_total") == 0
@@ -668,7 +856,10 @@ def test_every_dashboard_query_returns_data_from_the_cluster(
 
 
 @every_release
-def test_deleted_plugin_pod_exits_0_and_is_replaced(user_cluster: Cluster, installed: dict[str, Any]) -> None:
+def test_deleted_plugin_pod_exits_0_and_is_replaced(
+    user_cluster: Cluster, installed: dict[str, Any], user_helm: Helm
+) -> None:
+    with_worker_preset(user_cluster, user_helm)
     node = last(user_cluster)
     old = only_plugin_pod(user_cluster, node)
     code, took = watch_exit_code(user_cluster, old["metadata"]["name"])
@@ -677,8 +868,8 @@ def test_deleted_plugin_pod_exits_0_and_is_replaced(user_cluster: Cluster, insta
     assert new["metadata"]["uid"] != old["metadata"]["uid"]
     wait_until("the new pod registered", lambda: registered(user_cluster, new) == 1, 120)
     node.wait_resource(RESOURCE, "4096")
-    result = run_consumer(user_cluster, consumer_pod("kvm-after-new-plugin-pod", node=node))
-    assert ran_vm(result), result
+    run = run_pod(user_cluster, worker("qemu-after-new-plugin-pod", node=node))
+    booted_as_shipped(run, user_cluster.cgroup)
     print(f"plugin pod deleted in {took:.1f}s")
 
 
@@ -900,11 +1091,6 @@ def test_helm_upgrade_with_a_bad_value_is_refused(
 
 
 # --- 6. helm uninstall ----------------------------------------------------------------------
-
-
-def sockets(node: Node) -> list[str]:
-    out = node.run(["ls", "/var/lib/kubelet/device-plugins"]).stdout
-    return sorted(name for name in out.split() if name.startswith("ate-"))
 
 
 @every_release

@@ -1,11 +1,14 @@
 """What a user does and looks at on the node: helm, the plugin pod, its metrics, and pods
-that ask for a device (built from docs/examples/kvm-consumer-pod.yaml)."""
+that ask for a device: docs/examples/kvm-consumer-pod.yaml, the device-only demo, as
+shipped, and docs/examples/microvm-worker-pod.yaml, QEMU booting a guest with a NIC
+(tests/e2e/vmm.py); both with the suite's VMM image."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
 import json
+import re
 import subprocess
 import time
 import uuid
@@ -17,9 +20,9 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e import microvm
 from tests.e2e.cluster import Cluster, ClusterError, Node, wait_until
 from tests.e2e.images import PLUGIN_IMAGE
+from tests.e2e.vmm import BOUND_S, VMM_IMAGE, QemuRun, worker_pod
 from tests.harness.chart import helm_path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,66 +34,10 @@ RESOURCE = "ate.dev/kvm"
 PLUGIN_SELECTOR = "app.kubernetes.io/name=ate-devplugin"
 METRICS_PORT = 9477
 WORKLOADS = "vm-workers"  # the example's namespace
-KVM_API_VERSION = 12  # what KVM_GET_API_VERSION has returned since Linux 2.6.22
+MICROVM_WORKERS = "microvm-workers"  # the worker example's namespace
+TUN = "ate.dev/tun"
 IMAGE_VALUES = ("--set", "image.repository=localhost/ate-devplugin", "--set", f"image.tag={PLUGIN_IMAGE.split(':')[1]}",
                 "--set", "image.pullPolicy=Never")  # fmt: skip
-
-MICRO_VM = Path(microvm.__file__).read_text()
-# Run in the consumer container: what a VM worker needs from /dev/kvm, as JSON, ending with
-# the micro-VM's run (tests/e2e/microvm.py).
-CHECK_KVM = (
-    MICRO_VM
-    + r"""
-import fcntl, json, os, stat
-r = {"uid": os.getuid(), "gid": os.getgid(), "groups": sorted(os.getgroups())}
-status = dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines() if ":" in l)
-r["cap_eff"], r["no_new_privs"] = status["CapEff"].strip(), status["NoNewPrivs"].strip()
-try:
-    st = os.stat("/dev/kvm")
-    r["node"] = [stat.filemode(st.st_mode), st.st_uid, st.st_gid, os.major(st.st_rdev), os.minor(st.st_rdev)]
-except OSError as e:
-    r["node"] = f"{type(e).__name__}: {e}"
-try:
-    fd = os.open("/dev/kvm", os.O_RDWR | os.O_CLOEXEC)
-    r["api_version"] = fcntl.ioctl(fd, 0xAE00)  # KVM_GET_API_VERSION
-    os.close(fd)
-except OSError as e:
-    r["error"] = f"{type(e).__name__}: {e}"
-try:
-    r["vm"] = run_vm()
-except OSError as e:
-    r["vm_error"] = f"{type(e).__name__}: {e}"
-try:
-    r["devices_list"] = open("/sys/fs/cgroup/devices/devices.list").read().splitlines()
-except OSError as e:
-    r["devices_list"] = str(e)
-print(json.dumps(r))
-"""
-)
-# The micro-VM's report, then hold it (and /dev/kvm) until the pod is deleted.
-HOLD_VM = (
-    MICRO_VM
-    + r"""
-import json, signal, sys, time
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # PID 1 of its container: no default action
-report = {"uid": os.getuid()}
-try:
-    report["vm"] = run_vm()
-except OSError as exc:
-    report["vm_error"] = f"{type(exc).__name__}: {exc}"
-print(json.dumps(report), flush=True)
-while True:
-    time.sleep(3600)
-"""
-)
-
-
-def ran_vm(result: dict[str, Any]) -> bool:
-    """The pod's micro-VM ran, as uid 10001: its guest wrote 2+2 to the serial port and halted."""
-    vm = result.get("vm") or {}
-    return (result.get("uid"), vm.get("api_version"), vm.get("serial"), (vm.get("exits") or [[]])[-1]) == (
-        10001, KVM_API_VERSION, "4\n", ["hlt"],
-    )  # fmt: skip
 
 
 @dataclass
@@ -148,6 +95,45 @@ def make_helm(major: str, cluster: Cluster) -> Helm:
     return Helm(major, path, cluster)
 
 
+TEST_SELECTOR = "app.kubernetes.io/component=test"  # the chart's helm test objects
+
+
+def helm_test_passed(cluster: Cluster, out: str) -> list[dict[str, Any]]:
+    """The chart's `helm test --logs` output ``out``: every test pod succeeded and its log is
+    `ate-devplugin verify`'s report of a VM that ran guest code on API version 12, the test
+    pods themselves non-root with no capability. Prints the pods' user, capabilities, node
+    and each report; returns the pods."""
+    names = re.findall(r"^POD LOGS: (\S+)$", out, flags=re.MULTILINE)  # this run's pods
+    assert names, out
+    pods = [cluster.get_json("pod", "-n", NAMESPACE, name) for name in names]
+    assert [p["metadata"]["labels"]["app.kubernetes.io/component"] for p in pods] == ["test"] * len(pods), names
+    phases = re.findall(r"^Phase:\s+(\S+)$", out, flags=re.MULTILINE)  # one per test hook: the pods
+    assert phases == ["Succeeded"] * len(pods), out
+    reports = re.findall(
+        r"^ate-devplugin verify (\S+)\n(.*?)^(PASS|FAIL)([^\n]*)$", out, flags=re.MULTILINE | re.DOTALL
+    )
+    assert len(reports) == len(pods), out
+    for device, body, verdict, rest in reports:
+        assert verdict == "PASS", f"{verdict}{rest}"
+        assert "  KVM API version: 12\n" in body, body
+        assert "hlt (expected out 0x3f8 '4', out 0x3f8 '\\n', hlt)" in body, body
+        assert re.fullmatch(rf": a VM ran guest code on {re.escape(device)} in [0-9.]+ ms", rest), rest
+    for pod in pods:
+        spec = pod["spec"]
+        (container,) = spec["containers"]
+        (status,) = pod["status"]["containerStatuses"]
+        assert (pod["status"]["phase"], status["state"]["terminated"]["exitCode"]) == ("Succeeded", 0)
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        user = spec["securityContext"]["runAsUser"]
+        print(
+            f"helm test pod {pod['metadata']['name']} on {spec['nodeName']}: uid {user}, "
+            f"capabilities drop ALL, resources {container['resources']}, exit 0"
+        )
+    return pods
+
+
 def plugin_pods(cluster: Cluster, node: Node | None = None) -> list[dict[str, Any]]:
     """The plugin pods not being deleted, of every node or of ``node``."""
     pods: list[dict[str, Any]] = cluster.get_json("pods", "-n", NAMESPACE, "-l", PLUGIN_SELECTOR)["items"]
@@ -196,16 +182,17 @@ def sample(values: dict[tuple[str, frozenset[tuple[str, str]]], float], name: st
     return found[0] if found else None
 
 
-def consumer_pod(
+def example_pod(
     name: str, *, request: bool = True, supplemental_groups: tuple[int, ...] = (), node: Node | None = None
 ) -> dict[str, Any]:
-    """The example pod as shipped (non-root, no capabilities, no privilege escalation), with
-    the project image (it has python3) running :data:`CHECK_KVM` instead of busybox; on
-    ``node`` when given (a nodeSelector: the scheduler still decides it fits)."""
+    """docs/examples/kvm-consumer-pod.yaml as shipped (non-root, no capabilities, no
+    privilege escalation, its own check of /dev/kvm), with the VMM image (it has sh, test
+    and ls as busybox has); on ``node`` when given (a nodeSelector: the scheduler still
+    decides it fits)."""
     pod: dict[str, Any] = copy.deepcopy(yaml.safe_load(EXAMPLE_POD.read_text()))
     pod["metadata"]["name"] = name
     container = pod["spec"]["containers"][0]
-    container.update(image=PLUGIN_IMAGE, imagePullPolicy="Never", command=["python3", "-c", CHECK_KVM])
+    container.update(image=VMM_IMAGE, imagePullPolicy="Never")
     if not request:
         del container["resources"]["limits"][RESOURCE]
     if supplemental_groups:
@@ -215,41 +202,92 @@ def consumer_pod(
     return pod
 
 
-def ensure_workload_namespace(cluster: Cluster) -> None:
-    """The example's namespace, enforcing the restricted Pod Security Standard."""
+def worker(name: str, *, kvm: bool = True, node: Node | None = None, hold: bool = False) -> dict[str, Any]:
+    """docs/examples/microvm-worker-pod.yaml with the VMM image (tests/e2e/vmm.py)."""
+    return worker_pod(name, kvm=kvm, node=node.name if node else None, hold=hold)
+
+
+#: A claim for the worker's two devices, from the chart's DeviceClasses (dra.mode dra).
+CLAIM_TEMPLATE = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "ResourceClaimTemplate",
+    "metadata": {"name": "microvm", "namespace": MICROVM_WORKERS},
+    "spec": {"spec": {"devices": {"requests": [
+        {"name": "kvm", "exactly": {"deviceClassName": "kvm.ate.dev"}},
+        {"name": "tun", "exactly": {"deviceClassName": "tun.ate.dev"}},
+    ]}}},
+}  # fmt: skip
+
+
+def claiming(pod: dict[str, Any]) -> dict[str, Any]:
+    """The worker asking through a claim from :data:`CLAIM_TEMPLATE` instead of its extended
+    resources: the init container gets the claim's tun request, QEMU the whole claim."""
+    pod = copy.deepcopy(pod)
+    pod["spec"]["resourceClaims"] = [{"name": "vm", "resourceClaimTemplateName": "microvm"}]
+    (init,) = pod["spec"]["initContainers"]
+    (vmm,) = pod["spec"]["containers"]
+    for container, claim in ((init, {"name": "vm", "request": "tun"}), (vmm, {"name": "vm"})):
+        limits = container["resources"]["limits"]
+        for resource in (RESOURCE, TUN):
+            limits.pop(resource, None)
+        container["resources"]["claims"] = [claim]
+    return pod
+
+
+def ensure_namespace(cluster: Cluster, name: str, level: str) -> None:
+    """A namespace enforcing the Pod Security Standard ``level``."""
     cluster.apply({
         "apiVersion": "v1", "kind": "Namespace",
-        "metadata": {"name": WORKLOADS, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}},
+        "metadata": {"name": name, "labels": {"pod-security.kubernetes.io/enforce": level}},
     })  # fmt: skip
     # Pods are refused until the namespace's default ServiceAccount exists.
-    wait_until("the namespace's ServiceAccount", lambda: cluster.get_json("sa", "-n", WORKLOADS, "default"), 60)
+    wait_until(f"{name}'s ServiceAccount", lambda: cluster.get_json("sa", "-n", name, "default"), 60)
 
 
-def run_consumer(cluster: Cluster, pod: dict[str, Any], timeout: float = 180) -> dict[str, Any]:
-    """Create the pod, wait until it ran to completion, return what it printed (and phase)."""
+def ensure_workload_namespace(cluster: Cluster) -> None:
+    """The device-only example's namespace, enforcing the restricted Pod Security Standard,
+    and the worker example's, which admits the init container's NET_ADMIN (outside the
+    baseline standard) and so enforces none."""
+    ensure_namespace(cluster, WORKLOADS, "restricted")
+    ensure_namespace(cluster, MICROVM_WORKERS, "privileged")
+
+
+def run_pod(cluster: Cluster, pod: dict[str, Any], timeout: float = 180) -> QemuRun:
+    """Create the pod under a fresh name, wait until it ran to completion; what its (first)
+    container printed, its exit code and the pod's phase."""
     pod = copy.deepcopy(pod)
     pod["metadata"]["name"] += "-" + uuid.uuid4().hex[:6]
-    name = pod["metadata"]["name"]
+    name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
+    container = pod["spec"]["containers"][0]["name"]
     ensure_workload_namespace(cluster)
     cluster.apply(pod)
     try:
-        phase = wait_until(
+        wait_until(
             f"pod {name} to finish",
-            lambda: (
-                cluster.get_json("pod", "-n", WORKLOADS, name)["status"].get("phase") in ("Succeeded", "Failed")
-                and cluster.get_json("pod", "-n", WORKLOADS, name)["status"]["phase"]
-            ),
+            lambda: cluster.get_json("pod", "-n", namespace, name)["status"].get("phase") in ("Succeeded", "Failed"),
             timeout,
         )
-        logs = cluster.kubectl("logs", "-n", WORKLOADS, name)
-        result: dict[str, Any] = json.loads(logs.splitlines()[-1])
-        result["phase"] = phase
-        return result
+        got = cluster.get_json("pod", "-n", namespace, name)
+        (status,) = [s for s in got["status"]["containerStatuses"] if s["name"] == container]
+        terminated = status["state"].get("terminated", {})
+        logs = cluster.kubectl("logs", "-n", namespace, name, "-c", container, check=False)
+        return QemuRun(logs, terminated.get("exitCode"), got["status"]["phase"], got["spec"].get("nodeName", ""))
     except ClusterError:
-        print(cluster.kubectl("describe", "pod", "-n", WORKLOADS, name, check=False))
+        print(cluster.kubectl("describe", "pod", "-n", namespace, name, check=False))
         raise
     finally:
-        cluster.kubectl("delete", "pod", "-n", WORKLOADS, name, "--wait=false", check=False)
+        cluster.kubectl("delete", "pod", "-n", namespace, name, "--wait=false", check=False)
+
+
+def booted_as_shipped(run: QemuRun, cgroup: int, bound_s: float = BOUND_S) -> None:
+    """The worker's QEMU booted its guest (within ``bound_s``) as the example ships it: uid
+    10001, no effective capability, no privilege escalation, on a node of cgroup version
+    ``cgroup``."""
+    facts = run.facts()
+    print(f"QEMU worker: {run.summary()}")
+    assert run.booted(bound_s), run.logs
+    assert (facts["uid"], facts["CapEff"], facts["NoNewPrivs"]) == ("10001", "0000000000000000", "1"), facts
+    assert facts["cgroup"] == ("cgroup2fs" if cgroup == 2 else "tmpfs"), facts
 
 
 def kvm_rule(devices_list: list[str]) -> list[str]:

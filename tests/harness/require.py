@@ -2,6 +2,11 @@
 
 One switch: ``CI`` (``.ci/run`` sets ``CI=true``; so do the usual CI services). There a
 missing tool, bench or privilege is a broken CI machine, not a reason to skip.
+
+One exception, :func:`not_this_kind_of_machine`: a test about a kind of machine that this
+one is not (hardware KVM, where KVM here is software) is skipped under CI too, saying so
+in the run's output. It is for facts of the hardware no setup can change, never for a
+missing tool, and never for a test that is the only proof of something.
 """
 
 from __future__ import annotations
@@ -28,6 +33,14 @@ def missing(why: str) -> NoReturn:
 
 def missing_tool(what: str, install: str) -> NoReturn:
     missing(f"{what} not found; install with: {install}")
+
+
+def not_this_kind_of_machine(why: str, terminal: pytest.CaptureFixture[str]) -> NoReturn:
+    """Skips the test, under CI too, with ``why`` printed to the terminal (past pytest's
+    output capture) and given as the skip's reason."""
+    with terminal.disabled():
+        print(f"\nNOT RUN (this kind of machine): {why}")
+    pytest.skip(f"not this kind of machine: {why}")
 
 
 def require(ok: object, why: str) -> None:

@@ -15,6 +15,8 @@ import pytest
 from tests.harness.daemon import MakeDaemon
 from tests.harness.devices import add_device_node, remove_device_node
 from tests.harness.kubelet import BenchError, DeviceSpec, KubeletBench, Namespace
+from tests.harness.microvm import run_vm
+from tests.harness.require import require
 from tests.harness.wait import wait_until
 
 KVM = "ate.dev/kvm"
@@ -47,6 +49,19 @@ def test_allocation_gives_exactly_the_device_node(kubelet: KubeletBench, daemon:
     assert kubelet.capacity().of(KVM) == (UNITS, UNITS)
     kubelet.allocate("pod-b", "vm", {KVM: 1})
     assert kubelet.devices("pod-a", "vm") != kubelet.devices("pod-b", "vm")
+
+
+def test_the_allocated_device_runs_a_vm(kubelet: KubeletBench, daemon: MakeDaemon, device_root: Path) -> None:
+    """What a VM worker does with what the kubelet hands its container, at this level: the
+    node behind the allocated device (the device root's copy of /dev/kvm, as the runtime
+    would create it in the container) runs a micro-VM to its HLT (tests/harness/microvm.py)."""
+    require(Path("/dev/kvm").is_char_device(), "no /dev/kvm on this machine")
+    daemon()
+    full(kubelet)
+    (spec,) = kubelet.allocate("pod-vm", "vm", {KVM: 1}).devices
+    node = device_root / Path(spec.host_path).relative_to("/dev")
+    report = run_vm(str(node))
+    assert (report["api_version"], report["serial"], report["exits"][-1]) == (12, "4\n", ["hlt"]), report
 
 
 def test_by_default_the_kubelet_makes_one_call_per_admission(kubelet: KubeletBench, daemon: MakeDaemon) -> None:

@@ -137,6 +137,22 @@ async def test_verify_passes_here_and_fails_on_a_1_3_node(tmp_path: Path) -> Non
     assert out.getvalue().splitlines()[-1].startswith(f"FAIL not-a-kvm-device: {fake}: character device 1:3 ")
 
 
+def test_the_verify_command_passes_on_a_kvm_node_and_exits_1_on_another(tmp_path: Path) -> None:
+    """`ate-devplugin verify` as a command, on nodes of its own (the helm test pod runs it,
+    non-root, on the node its pod was granted: tests/e2e)."""
+    command = [sys.executable, "-m", "ate_devplugin", "verify", "--timeout", "10", "--device"]
+    granted = mknod_char(tmp_path / "kvm", DeviceNumber(10, 232), mode=0o666)
+    wrong = mknod_char(tmp_path / "not-kvm", DeviceNumber(1, 3), mode=0o666)
+    ok = subprocess.run([*command, str(granted)], capture_output=True, text=True, timeout=60, check=False)
+    bad = subprocess.run([*command, str(wrong)], capture_output=True, text=True, timeout=60, check=False)
+    print(ok.stdout + bad.stdout)
+    assert (ok.returncode, ok.stderr) == (0, ""), ok
+    assert "  KVM API version: 12" in ok.stdout.splitlines()
+    assert ok.stdout.splitlines()[-1].startswith(f"PASS: a VM ran guest code on {granted} in ")
+    assert bad.returncode == 1, bad
+    assert bad.stdout.splitlines()[-1].startswith(f"FAIL not-a-kvm-device: {wrong}: character device 1:3 ")
+
+
 def test_the_node_facts_agree_with_lscpu_and_uname_and_name_pvm_here() -> None:
     lscpu = shutil.which("lscpu")
     require(lscpu, "lscpu not found; install with: apt-get install -y util-linux")

@@ -4,6 +4,7 @@ field, flag or variable, warnings, stdin, and --help."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -209,7 +210,7 @@ def test_the_options_of_run_are_the_table_of_options() -> None:
         assert (action.option_strings, action.metavar) == ([OPTIONS[key].flag], OPTIONS[key].metavar)
 
 
-@pytest.mark.parametrize("command", [(), ("run",), ("check-config",), ("probe",), ("version",)])
+@pytest.mark.parametrize("command", [(), ("run",), ("check-config",), ("probe",), ("verify",), ("version",)])
 def test_help_is_plain_text(command: tuple[str, ...]) -> None:
     text = _help(*command)
     for markup in ("``", ":class:", ":func:", ".. ", "**"):
@@ -219,7 +220,7 @@ def test_help_is_plain_text(command: tuple[str, ...]) -> None:
 
 def test_top_level_and_check_config_help() -> None:
     top = " ".join(_help().split())
-    assert "{run,check-config,probe,version}" in top
+    assert "{run,check-config,probe,verify,version}" in top
     assert "ATE_DEVPLUGIN_* environment variable" in top
     assert "2 bad configuration or usage" in top
     check = " ".join(_help("check-config").split())
@@ -251,3 +252,43 @@ def test_bad_cdi_settings_exit_2_naming_the_field(tmp_path: Path, resource: str,
 def test_probe_refuses_a_device_without_its_resource(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["probe", "--device", "/dev/kvm"]) == 2
     assert capsys.readouterr().err == "ate-devplugin: --device '/dev/kvm': give RESOURCE=/absolute/path\n"
+
+
+# --- verify: the command's own part (tests/kvm runs it on the machine's real /dev/kvm) -----
+
+
+def test_verify_on_a_device_that_is_not_kvm_fails_with_its_reason_last() -> None:
+    result = run("verify", "--device", "/dev/null", "--timeout", "5")
+    assert result.returncode == 1, result
+    report = result.stdout.splitlines()
+    assert report[0] == "ate-devplugin verify /dev/null"
+    assert "  device:          character device 1:3" in report
+    assert report[-1].startswith("FAIL not-a-kvm-device: /dev/null: character device 1:3 does not answer"), report
+    assert result.stderr == ""
+
+
+def test_verify_json_is_one_object_for_scripts(tmp_path: Path) -> None:
+    missing = tmp_path / "kvm"
+    result = run("verify", "--device", str(missing), "--json")
+    assert result.returncode == 1, result
+    (line,) = result.stdout.splitlines()
+    found = json.loads(line)
+    assert (found["result"]["reason"], found["result"]["passed"]) == ("missing", False)
+    assert found["result"]["message"] == f"{missing}: no such device node"
+    assert set(found["node"]) >= {"architecture", "kvm_implementation", "kernel_release"}
+
+
+@pytest.mark.parametrize("timeout", ["0", "-1", "x", "nan", "inf", "301"])
+def test_verify_with_a_bad_timeout_exits_2_with_one_line(timeout: str) -> None:
+    result = run("verify", "--device", "/dev/null", "--timeout", timeout)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"ate-devplugin: verify --timeout: {timeout!r} is not a number of seconds above 0 and at most 300\n"
+    )
+
+
+def test_verify_help_says_what_it_does_and_its_exit_codes() -> None:
+    text = " ".join(_help("verify").split())
+    assert "Exit 0 when the guest ran as expected, 1 when it did not, 2 on bad usage." in text
+    assert "--device DEVICE the KVM device to open [default: /dev/kvm]" in text
+    assert "--timeout SECONDS" in text

@@ -5,8 +5,8 @@ The guest adds the two numbers it finds in its registers (2 and 2), writes the d
 the serial port 0x3f8 (a port-I/O exit), writes a newline (another), and halts (an HLT
 exit). Those three exits, in that order, mean the device created a VM, mapped its memory,
 entered the guest and came back with what the guest did: KVM works, not only answers.
-The same guest runs in the e2e consumer pods (tests/e2e/microvm.py, which carries its own
-copy: those pods have no product package).
+The same guest runs in the kubelet bench's consumer (tests/harness/microvm.py, which
+carries its own copy: it runs where the product package is not installed).
 
 Each step that fails raises :class:`StepError` with the reason of that step. Everything is
 closed before returning, in reverse order of creation, so a long-lived probe process

@@ -1,13 +1,13 @@
-"""A micro-VM on /dev/kvm, run inside the consumer pods (``python3 -c`` this file's text
-and a line that calls :func:`run_vm`): what a VM worker needs of the device, beyond opening it.
+"""A micro-VM on /dev/kvm driven from Python: what a VM worker needs of the device, beyond
+opening it, at the cost of a few milliseconds (the kubelet bench tests run it on the node
+the kubelet hands a container; the e2e suite runs a real VMM, tests/e2e/vmm.py).
 
 It creates a VM (KVM_CREATE_VM), gives it one page of memory at guest address 0x1000 and a
 vCPU in real mode, and runs twelve bytes of guest code that add 2 and 2, write the digit to
 the serial port 0x3f8 (a port-I/O exit), write a newline, and halt. The exits it sees are
 returned: ``{"exits": [["io", 1016, "4"], ["io", 1016, "\\n"], ["hlt"]], "serial": "4\\n", ...}``.
 Only the standard library: fcntl for the ioctls, mmap for guest memory and the vCPU's run
-structure, ctypes for the memory's address. The VM and vCPU stay open until the process
-ends, so a pod that runs it and sleeps holds a VM.
+structure, ctypes for the memory's address.
 """
 
 from __future__ import annotations
