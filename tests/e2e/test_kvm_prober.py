@@ -3,7 +3,8 @@ devices, so the chart's prober pod (kvmProbe.enabled), granted one unit of ate.d
 any consumer, probes the /dev/kvm it was given and reports over the socket in the node's
 /run/ate-devplugin (docs/kvm-health.md, "Where the probe runs").
 
-On the real 1.35 cluster (one node, containerd 1.6): the node's real KVM device (10:232) -> the prober's probe
+On the real 1.35 cluster (one node, containerd 1.6, cgroup v1) and the 1.37 cluster (two
+nodes, containerd 2, cgroup v2): the node's real KVM device (10:232) -> the prober's probe
 passes and the units are Healthy; a 1:3 node renamed over it -> every unit Unhealthy
 (allocatable 0) with its reason in /readyz and the metrics; the real node back -> the
 prober's probe passes again and allocatable is back. The plugin watches a device
@@ -30,7 +31,7 @@ PROBER_SELECTOR = "app.kubernetes.io/name=ate-devplugin-kvm-prober"
 # 1.37 (("cluster_137", "helm_137")) is left out until run green: its last run, before the
 # device ownership below was turned on there, had the prober connect and report, but its
 # probe said no-permission (containerd 2 keeps the host node's 0600 root:root).
-CLUSTERS = {"1.35": ("cluster", "helm")}
+CLUSTERS = {"1.35": ("cluster", "helm"), "1.37": ("cluster_137", "helm_137")}
 
 
 @pytest.fixture(scope="module", params=list(CLUSTERS))
