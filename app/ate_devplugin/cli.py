@@ -1,4 +1,4 @@
-"""The command line: ate-devplugin run | check-config FILE | verify | version.
+"""The command line: ate-devplugin run | check-config FILE | probe | verify | version.
 
 Arguments become Settings here; runtime.py builds and runs the daemon from them.
 Exit codes: 0 done, 1 runtime failure, 2 bad configuration or usage (one line per
@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         "See 'ate-devplugin run --help' for the options.",
         formatter_class=_Formatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,check-config,verify,version}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,check-config,probe,verify,version}")
     run = sub.add_parser(
         "run",
         help="serve the configured devices to the kubelet",
@@ -83,6 +83,25 @@ def build_parser() -> argparse.ArgumentParser:
     mode = OPTIONS["mode"]
     check.add_argument(
         mode.flag, metavar=mode.metavar, help=_option_help(mode, "judge the file for this mode (warnings only)")
+    )
+    probe = sub.add_parser(
+        "probe",
+        help="the KVM prober: probe the devices granted to this container for the daemon",
+        description="Connect to the daemon's prober socket (--kvm-probe socket) and answer its probe requests "
+        "with functional KVM probes of the devices given; reconnect with backoff; exit 0 when the daemon says "
+        "the device is stale (docs/kvm-health.md).",
+        formatter_class=_Formatter,
+    )
+    socket_option = OPTIONS["kvm_probe_socket"]
+    probe.add_argument(
+        socket_option.flag, metavar=socket_option.metavar, default=socket_option.default, help="the daemon's socket"
+    )
+    probe.add_argument(
+        "--device",
+        action="append",
+        metavar="RESOURCE=PATH",
+        default=[],
+        help="a resource and its device in this container (repeatable); default ate.dev/kvm=/dev/kvm",
     )
     verify = sub.add_parser(
         "verify",
@@ -116,6 +135,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "check-config":
         return check_config(args.file, args.mode)
+    if args.command == "probe":
+        from ate_devplugin.kvmhealth import prober
+
+        try:
+            devices = prober.parse_devices(args.device or ["ate.dev/kvm=/dev/kvm"])
+        except ValueError as exc:
+            print(f"ate-devplugin: {exc}", file=sys.stderr)
+            return 2
+        return prober.run(args.kvm_probe_socket, devices)
     if args.command == "verify":
         return verify(args.device, args.timeout, args.json)
     flags = {key: getattr(args, key) for key in OPTIONS}

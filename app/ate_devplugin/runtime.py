@@ -203,7 +203,7 @@ def components(
     built: list[Component] = []
     plugin = dra = kvm = None
     kvm_part = settings.part(KvmHealthSettings)
-    if kvm_part.kvm_probe == "local":
+    if kvm_part.kvm_probe in ("local", "socket"):
         from ate_devplugin.kvmhealth.monitor import KvmHealth
         from ate_devplugin.observability.metrics import KvmMetrics
 

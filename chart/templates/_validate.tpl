@@ -15,6 +15,12 @@ daemon.extraArgs and extraEnv rules from its argument parser (_daemonargs.tpl, g
 {{- fail (printf "podResources.hostPath %q contains '..'; give the plain absolute path" .Values.podResources.hostPath) -}}
 {{- end -}}
 {{- include "ate-devplugin.daemonArgsRules" . -}}
+{{- if and .Values.kvmProbe.enabled (eq .Values.dra.mode "dra") -}}
+{{- fail "kvmProbe.enabled=true needs dra.mode device-plugin or both: the prober requests a unit of kvmProbe.resource (DRA mode's prober claim is not built yet)" -}}
+{{- end -}}
+{{- if regexMatch "(^|/)\\.\\.(/|$)" .Values.kvmProbe.socketDir -}}
+{{- fail (printf "kvmProbe.socketDir %q contains '..'; give the plain absolute path" .Values.kvmProbe.socketDir) -}}
+{{- end -}}
 {{- if and (include "ate-devplugin.dra" .) (semverCompare "<1.34-0" .Capabilities.KubeVersion.Version) -}}
 {{- fail (printf "dra.mode=%s needs Kubernetes 1.34 or later (resource.k8s.io/v1); this cluster is %s" .Values.dra.mode .Capabilities.KubeVersion.Version) -}}
 {{- end -}}

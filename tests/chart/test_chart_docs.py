@@ -19,6 +19,7 @@ from tests.harness.chart import CHART, Helm, by_kind, daemonsets
 
 # Documented as a whole, not key by key.
 WHOLE = {
+    "kvmProbe.podSecurityContext", "kvmProbe.resources",
     "deviceConfig.resources", "updateStrategy", "resources", "livenessProbe", "readinessProbe",
     "podSecurityContext", "securityContext", "nodeSelector", "tolerations",
     "test.podSecurityContext", "test.resources",

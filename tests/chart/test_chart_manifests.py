@@ -141,6 +141,7 @@ def check_daemonset_security(ds: Manifest, values: dict[str, Any]) -> None:
         or mode != "device-plugin"
     )
     pod_resources = values.get("podResources", {}).get("enabled", True)
+    kvm_probe = values.get("kvmProbe", {}).get("enabled", False)
     dra_paths = {"dra-registry", "dra-plugin"}
     if mode != "device-plugin":
         assert {n: host_paths.pop(n)["path"] for n in dra_paths} == {
@@ -150,7 +151,7 @@ def check_daemonset_security(ds: Manifest, values: dict[str, Any]) -> None:
     expected = {"host-dev"} if mode == "dra" else {"device-plugins", "host-dev"}
     assert set(host_paths) == expected | ({"cdi"} if uses_cdi else set()) | (
         {"pod-resources"} if pod_resources else set()
-    )
+    ) | ({"kvm-prober"} if kvm_probe else set())
     assert host_paths["host-dev"]["path"] == "/dev"
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     assert mounts["host-dev"]["mountPath"] == "/host/dev"
@@ -367,6 +368,8 @@ def _expected_skips(values: dict[str, Any]) -> set[str]:
         skips.add("CKV_K8S_11")
     if values.get("networkPolicy", {}).get("enabled") is False:
         skips |= SKIPPED_WITHOUT_NETWORK_POLICY
+    if values.get("kvmProbe", {}).get("enabled"):
+        skips |= {"CKV_K8S_8", "CKV_K8S_9"}  # the prober serves nothing to probe
     if values.get("test", {}).get("enabled", True):
         skips |= {"CKV2_K8S_6", "CKV_K8S_8", "CKV_K8S_9"}  # the helm test pod (templates/tests)
     if values.get("dra", {}).get("mode", "device-plugin") != "device-plugin":

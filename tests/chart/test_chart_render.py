@@ -47,8 +47,10 @@ CLUSTER_SCOPED = {
 def test_template_ci_values(helm: Helm, ci_values: Path) -> None:
     docs = helm.template([ci_values])
     kinds = [d["kind"] for d in docs]
-    pools = (yaml.safe_load(ci_values.read_text()) or {}).get("pools", {})
-    assert kinds.count("DaemonSet") == max(1, len(pools))
+    values = yaml.safe_load(ci_values.read_text()) or {}
+    pools = values.get("pools", {})
+    probers = 2 if values.get("kvmProbe", {}).get("enabled") else 1  # the prober's DaemonSet beside each
+    assert kinds.count("DaemonSet") == max(1, len(pools)) * probers
     for doc in docs:
         assert doc["apiVersion"], doc
         assert doc["metadata"]["name"], doc
@@ -64,6 +66,7 @@ def test_ci_files_cover_every_toggle() -> None:
     # Security contexts hold settings, not switches: the schema refuses their other value.
     for fixed in ("securityContext", "podSecurityContext"):
         defaults.pop(fixed)
+    defaults["kvmProbe"].pop("podSecurityContext")
     defaults["test"].pop("podSecurityContext")
 
     def toggles(node: object, prefix: str = "") -> dict[str, bool]:

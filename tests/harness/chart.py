@@ -130,10 +130,14 @@ def declared_api_versions(values: Path) -> list[str]:
 
 
 def daemonsets(docs: list[Manifest]) -> list[Manifest]:
-    """The DaemonSets of a render: one, or one per pool."""
-    found = by_kind(docs, "DaemonSet")
+    """The daemon's DaemonSets of a render: one, or one per pool (not the KVM prober's)."""
+    found = [d for d in by_kind(docs, "DaemonSet") if not is_kvm_prober(d)]
     assert found, "no DaemonSet"
     return found
+
+
+def is_kvm_prober(doc: Manifest) -> bool:
+    return bool(doc["metadata"]["labels"].get("app.kubernetes.io/component") == "kvm-prober")
 
 
 def pool_values(values: dict[str, Any], ds: Manifest) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import IO
 import pytest
 
 from ate_devplugin import __version__
-from ate_devplugin.cli import build_parser
+from ate_devplugin.cli import build_parser, main
 from ate_devplugin.settings import GROUPS, OPTIONS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -210,7 +210,7 @@ def test_the_options_of_run_are_the_table_of_options() -> None:
         assert (action.option_strings, action.metavar) == ([OPTIONS[key].flag], OPTIONS[key].metavar)
 
 
-@pytest.mark.parametrize("command", [(), ("run",), ("check-config",), ("verify",), ("version",)])
+@pytest.mark.parametrize("command", [(), ("run",), ("check-config",), ("probe",), ("verify",), ("version",)])
 def test_help_is_plain_text(command: tuple[str, ...]) -> None:
     text = _help(*command)
     for markup in ("``", ":class:", ":func:", ".. ", "**"):
@@ -220,7 +220,7 @@ def test_help_is_plain_text(command: tuple[str, ...]) -> None:
 
 def test_top_level_and_check_config_help() -> None:
     top = " ".join(_help().split())
-    assert "{run,check-config,verify,version}" in top
+    assert "{run,check-config,probe,verify,version}" in top
     assert "ATE_DEVPLUGIN_* environment variable" in top
     assert "2 bad configuration or usage" in top
     check = " ".join(_help("check-config").split())
@@ -247,6 +247,11 @@ def test_bad_cdi_settings_exit_2_naming_the_field(tmp_path: Path, resource: str,
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1
     assert result.stderr.startswith(f"ate-devplugin: config error: {field}:"), result.stderr
+
+
+def test_probe_refuses_a_device_without_its_resource(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["probe", "--device", "/dev/kvm"]) == 2
+    assert capsys.readouterr().err == "ate-devplugin: --device '/dev/kvm': give RESOURCE=/absolute/path\n"
 
 
 # --- verify: the command's own part (tests/kvm runs it on the machine's real /dev/kvm) -----

@@ -1,7 +1,9 @@
-"""The KVM probe run by the daemon itself (local mode: the daemon can open the device, as in
-the kubelet bench and ``make demo``): a component that probes each resource with
-``health: kvm`` at start, on every change of its device node and every period (jittered),
-and tells its listeners (the device plugin) each verdict.
+"""The KVM probe of each resource with ``health: kvm``, at start, on every change of its device
+node and every period (jittered); its listeners (the device plugin, the DRA driver) are told
+each verdict. Local mode: the daemon can open the device and probes it itself (the kubelet
+bench, ``make demo``). Socket mode: a prober granted the device (the chart's prober pod)
+probes it when asked over kvmhealth/link.py; before its first report and once it has been
+gone for three periods there is no verdict (existence alone counts).
 
 Probes run in kvm/runner.py's child process and are awaited on the loop: a probe that hangs
 in the kernel costs its resource a ``timed-out`` verdict, never the loop, the kubelet's
@@ -26,6 +28,7 @@ from ate_devplugin.host.devices import DeviceNode, Discovery, EscapesRootError, 
 from ate_devplugin.kvm.probe import ProbeResult
 from ate_devplugin.kvm.reasons import Reason
 from ate_devplugin.kvm.runner import Prober
+from ate_devplugin.kvmhealth.link import ProberLink
 from ate_devplugin.observability.metrics import KvmMetrics
 from ate_devplugin.settings import KvmHealthSettings
 from ate_devplugin.tasks import Guard, cancel
@@ -33,6 +36,7 @@ from ate_devplugin.tasks import Guard, cancel
 log = logging.getLogger(__name__)
 
 KVM_RDEV = (10, 232)  # the misc device KVM always is (KVM_MINOR)
+GONE_PERIODS = 3  # socket mode: a prober away this many periods takes its verdicts with it
 JITTER = 0.1  # each period is drawn from period * (1 +- JITTER): nodes do not probe in step
 REASONS = tuple(str(r) for r in Reason)
 
@@ -72,6 +76,11 @@ class KvmHealth:
         self.settings = settings
         self.metrics = metrics
         self.prober: Probes = prober or Prober()
+        self.link: ProberLink | None = None
+        if settings.kvm_probe == "socket":
+            grace = GONE_PERIODS * (settings.kvm_probe_period or settings.kvm_probe_timeout)
+            self.link = ProberLink(settings.kvm_probe_socket, grace, self._prober_came, self._prober_gone)
+        self._prober_away_s: float | None = None  # set while the prober is gone (past its grace)
         self._rng = rng
         self.listeners: list[Listener] = []
         self._watched: dict[str, _Watched] = {}
@@ -81,6 +90,8 @@ class KvmHealth:
 
     async def start(self, resources: Resources, guard: Guard) -> None:
         self._guard = guard
+        if self.link is not None:
+            await self.link.start()
         for resource in resources:
             self._add(resource)
 
@@ -90,7 +101,8 @@ class KvmHealth:
         ended = await asyncio.gather(*(cancel(w.task, deadline_s) for w in watched.values()))
         stuck = [f"kvm probe {name}" for name, done in zip(watched, ended, strict=True) if not done]
         try:
-            await asyncio.wait_for(self.prober.close(), max(deadline_s, 0.01))
+            closing = self.link.close() if self.link is not None else self.prober.close()
+            await asyncio.wait_for(closing, max(deadline_s, 0.01))
         except TimeoutError:
             stuck.append("kvm probe worker")
         return stuck
@@ -129,6 +141,10 @@ class KvmHealth:
             verdict = watched.verdict
             if verdict is not None and not verdict.passed:
                 said.append(f"KVM probe failed: {verdict.reason}: {verdict.message} ({name})")
+            elif verdict is None and watched.node is not None and self._prober_away_s is not None:
+                said.append(f"KVM probe: no prober for {self._prober_away_s:.0f}s ({name})")
+            elif verdict is None and watched.node is not None and self.link is not None:
+                said.append(f"KVM probe: waiting for the prober ({name})")
             elif verdict is None and watched.node is not None:
                 said.append(f"KVM probe: no verdict yet ({name})")
         return True, "; ".join(said)
@@ -164,6 +180,9 @@ class KvmHealth:
             node = watched.node
             if node is None or (node.major, node.minor) != KVM_RDEV:
                 continue
+            if self.link is not None:
+                await self._ask_prober(watched, node)
+                continue
             root = self.settings.device_root
             try:
                 # Gone since (None): probed where it was, the verdict says so until its discovery.
@@ -175,6 +194,34 @@ class KvmHealth:
             if watched.node != node or (result.rdev and result.rdev != f"{node.major}:{node.minor}"):
                 continue  # the node changed while it was probed: that verdict is of another node
             self._verdict(watched, _as_host_path(result, node.host_path))
+
+    async def _ask_prober(self, watched: _Watched, node: DeviceNode) -> None:
+        assert self.link is not None
+        result = await self.link.probe(watched.config.name, self.settings.kvm_probe_timeout)
+        if result is None:
+            return  # no prober: the state stays until it comes (or its grace ends)
+        self.metrics.duration.labels(watched.config.name).observe(result.duration_s)
+        if watched.node != node:
+            return  # the node changed while it was probed: that verdict is of another node
+        if result.rdev and result.rdev != f"{node.major}:{node.minor}":
+            self.link.restart()  # the prober's device is not the host's node now
+            return
+        self._verdict(watched, _as_host_path(result, node.host_path))
+
+    def _prober_came(self) -> None:
+        self._prober_away_s = None
+        for watched in self._watched.values():
+            watched.wake.set()
+
+    def _prober_gone(self, away_s: float) -> None:
+        """No prober for the grace: its verdicts go (a missing prober is not proof of a broken
+        device), the device is judged by existence and the 10:232 check again."""
+        self._prober_away_s = away_s
+        log.warning("no KVM prober for %.0fs: the devices are judged by existence", away_s)
+        for watched in self._watched.values():
+            if watched.verdict is not None and watched.verdict.reason is Reason.NOT_KVM:
+                continue  # decided here, without the prober
+            self._verdict(watched, None, "prober-gone")
 
     async def _sleep(self, watched: _Watched) -> None:
         period = self.settings.kvm_probe_period
@@ -188,11 +235,11 @@ class KvmHealth:
         except TimeoutError:
             pass
 
-    def _verdict(self, watched: _Watched, result: ProbeResult | None) -> None:
+    def _verdict(self, watched: _Watched, result: ProbeResult | None, none_state: str = "unverified") -> None:
         name = watched.config.name
         previous, watched.verdict = watched.verdict, result
         if result is None:
-            self.metrics.set_state(name, "unverified")
+            self.metrics.set_state(name, none_state)
         else:
             self.metrics.verdicts.labels(name, result.reason).inc()
             self.metrics.set_state(name, "passed" if result.passed else "failed")

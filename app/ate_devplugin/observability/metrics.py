@@ -185,7 +185,7 @@ class Metrics:
 
 
 # --- the KVM probe (resources with health kvm) -------------------------------------------
-KVM_PROBE_STATES = ("unverified", "passed", "failed")
+KVM_PROBE_STATES = ("unverified", "passed", "failed", "prober-gone")
 PROBE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 

@@ -36,8 +36,9 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 DRA_SHARING = ("capacity", "slots")
 # The effect of the taint a KVM device that fails its probe carries (docs/kvm-health.md).
 DRA_TAINT_EFFECTS = ("NoSchedule", "NoExecute")
-# local: the daemon opens the device itself; off: existence only (docs/kvm-health.md).
-KVM_PROBE_MODES = ("local", "off")
+# local: the daemon opens the device itself; socket: a prober reports over a unix socket;
+# off: existence only (docs/kvm-health.md).
+KVM_PROBE_MODES = ("local", "socket", "off")
 KUBELET_SOCKET = "kubelet.sock"
 POD_RESOURCES_DIR = "pod-resources"  # next to the device-plugins directory in the kubelet's root
 
@@ -270,8 +271,10 @@ GROUPS = (
                 OneOf(KVM_PROBE_MODES),
                 "local",
                 _braces(KVM_PROBE_MODES),
-                "local: the daemon probes the device itself (it must be able to open it); off: existence only",
-                chart="the chart sets off: its unprivileged daemon cannot open host devices (docs/kvm-health.md)",
+                "local: the daemon probes the device itself (it must be able to open it); socket: a prober granted "
+                "the device (ate-devplugin probe) probes it and reports over --kvm-probe-socket; off: existence only",
+                chart="use kvmProbe.enabled (socket, with the chart's prober; off otherwise: its unprivileged daemon "
+                "cannot open host devices)",
                 doc="`local` ([kvm-health.md](kvm-health.md#where-the-probe-runs))",
             ),
             Option(
@@ -291,6 +294,16 @@ GROUPS = (
                 "SECONDS",
                 "a probe with no verdict by then is killed and the device Unhealthy (timed-out)",
                 applies=Applies(switch="kvm_probe"),
+            ),
+            Option(
+                "kvm_probe_socket",
+                checks.absolute_dir,
+                "/run/ate-devplugin/prober.sock",
+                "PATH",
+                "socket mode: the unix socket the prober connects to (made by the daemon, mode 0666)",
+                applies=Applies(switch="kvm_probe"),
+                chart="use kvmProbe.socketDir",
+                doc="`/run/ate-devplugin/prober.sock` ([kvm-health.md](kvm-health.md#the-socket-protocol))",
             ),
             Option(
                 "nfd_features_dir",

@@ -154,6 +154,7 @@ class KvmHealthSettings:
     kvm_probe: str
     kvm_probe_period: float
     kvm_probe_timeout: float
+    kvm_probe_socket: str
     nfd_features_dir: str
 
 

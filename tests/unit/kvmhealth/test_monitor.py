@@ -50,14 +50,23 @@ class FakeProber:
 
 
 class Harness:
-    def __init__(self, tmp_path: Path, prober: FakeProber | Prober, period: float = 0.0, timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        prober: FakeProber | Prober,
+        period: float = 0.0,
+        timeout: float = 5.0,
+        mode: str = "local",
+    ) -> None:
         self.root = str(tmp_path / "dev")
         (tmp_path / "dev").mkdir()
+        self.socket = str(tmp_path / "run/prober.sock")
         settings = KvmHealthSettings(
             device_root=self.root,
-            kvm_probe="local",
+            kvm_probe=mode,
             kvm_probe_period=period,
             kvm_probe_timeout=timeout,
+            kvm_probe_socket=self.socket,
             nfd_features_dir="",
         )
         self.registry = CollectorRegistry()

@@ -1,0 +1,91 @@
+"""The KVM prober's DaemonSet (kvmProbe.enabled): what it requests, its privileges (none),
+the socket directory it shares with the daemon, and the daemon's arguments either way.
+checkov, validity and helm v3/v4 parity run over chart/ci/kvm-probe-values.yaml with the
+other ci files."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.harness.chart import Helm, HelmError, Manifest, by_kind, daemonsets, is_kvm_prober
+
+
+def _prober(docs: list[Manifest]) -> Manifest:
+    (ds,) = [d for d in by_kind(docs, "DaemonSet") if is_kvm_prober(d)]
+    return ds
+
+
+def _daemon_args(docs: list[Manifest]) -> list[str]:
+    (ds,) = daemonsets(docs)
+    args: list[str] = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args
+
+
+def test_off_by_default_the_daemon_judges_by_existence(any_helm: Helm) -> None:
+    docs = any_helm.template()
+    assert not [d for d in docs if is_kvm_prober(d) or "kvm-prober" in d["metadata"]["name"]]
+    assert "--kvm-probe=off" in _daemon_args(docs)
+
+
+def test_the_prober_requests_a_unit_unprivileged_and_shares_the_socket_directory(any_helm: Helm) -> None:
+    docs = any_helm.template(sets=["kvmProbe.enabled=true", "kvmProbe.socketDir=/run/ate-x"])
+    args = _daemon_args(docs)
+    assert "--kvm-probe=socket" in args
+    assert "--kvm-probe-socket=/run/ate-x/prober.sock" in args
+    (daemon,) = daemonsets(docs)
+    daemon_volumes = {v["name"]: v for v in daemon["spec"]["template"]["spec"]["volumes"]}
+    assert daemon_volumes["kvm-prober"]["hostPath"] == {"path": "/run/ate-x", "type": "DirectoryOrCreate"}
+
+    ds = _prober(docs)
+    pod: dict[str, Any] = ds["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["args"] == ["probe", "--kvm-probe-socket=/run/ate-x/prober.sock", "--device=ate.dev/kvm=/dev/kvm"]
+    assert c["resources"]["limits"]["ate.dev/kvm"] == 1
+    sc = c["securityContext"]
+    assert sc["privileged"] is False
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["automountServiceAccountToken"] is False
+    assert (pod["hostNetwork"], pod["hostPID"], pod["hostIPC"]) == (False, False, False)
+    assert "ports" not in c
+    # Its only host path is the socket directory, read-only: no /dev, no kubelet directory.
+    assert [(v["name"], v["hostPath"]["path"]) for v in pod["volumes"]] == [("kvm-prober", "/run/ate-x")]
+    assert c["volumeMounts"] == [{"name": "kvm-prober", "mountPath": "/run/ate-x", "readOnly": True}]
+    # Its own name label: the daemon's DaemonSet, Service and NetworkPolicy never select it.
+    labels = ds["spec"]["selector"]["matchLabels"]
+    assert labels["app.kubernetes.io/name"] == "ate-devplugin-kvm-prober"
+    for service in by_kind(docs, "Service"):
+        assert service["spec"]["selector"]["app.kubernetes.io/name"] == "ate-devplugin"
+    (policy,) = [p for p in by_kind(docs, "NetworkPolicy") if p["spec"]["podSelector"]["matchLabels"] == labels]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert "ingress" not in policy["spec"]
+
+
+def test_each_pool_gets_its_prober(any_helm: Helm) -> None:
+    docs = any_helm.template(
+        sets=["kvmProbe.enabled=true", "pools.big.nodeSelector.size=big", "pools.small.nodeSelector.size=small"]
+    )
+    probers = [d for d in by_kind(docs, "DaemonSet") if is_kvm_prober(d)]
+    selectors = sorted(d["spec"]["template"]["spec"]["nodeSelector"]["size"] for d in probers)
+    assert selectors == ["big", "small"]
+    assert len({d["metadata"]["name"] for d in probers}) == 2
+
+
+def test_dra_mode_alone_refuses_the_prober(any_helm: Helm) -> None:
+    with pytest.raises(HelmError) as failure:
+        any_helm.template(sets=["kvmProbe.enabled=true", "dra.mode=dra"])
+    assert "kvmProbe.enabled=true needs dra.mode device-plugin or both" in str(failure.value)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["kvmProbe.socketDir=relative", "kvmProbe.podSecurityContext.runAsUser=0", "kvmProbe.unknown=1"],
+)
+def test_the_schema_refuses(any_helm: Helm, bad: str) -> None:
+    with pytest.raises(HelmError):
+        any_helm.template(sets=["kvmProbe.enabled=true", bad])

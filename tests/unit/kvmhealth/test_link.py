@@ -1,0 +1,141 @@
+"""Socket mode (``--kvm-probe socket``): the monitor and the real prober client
+(kvmhealth/prober.py) over a real unix socket; only the probe itself is faked (its worker
+is tested in tests/unit/kvm/test_runner.py, the real device in tests/kvm)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from ate_devplugin.kvm.probe import ProbeResult
+from ate_devplugin.kvm.reasons import Reason
+from ate_devplugin.kvmhealth.link import ProberLink
+from ate_devplugin.kvmhealth.prober import serve
+from tests.unit.kvmhealth.test_monitor import KVM, FakeProber, Harness, until
+
+
+@pytest.fixture
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    # period 0.1 s: the prober's grace is 3 periods, 0.3 s
+    h = Harness(tmp_path, FakeProber(), period=0.1, timeout=1.0, mode="socket")
+    await h.start(KVM)
+    yield h
+    assert await h.health.stop(2.0) == []
+
+
+async def test_unverified_until_the_prober_reports_then_its_verdicts_count(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)  # as the prober's pod logs: every line is made
+    h = harness
+    h.discover()
+    assert h.health.readiness() == (True, "KVM probe: waiting for the prober (ate.dev/kvm)")
+    assert h.sample("ate_devplugin_kvm_probe_state", state="unverified") == 1
+    answers = {"reason": Reason.PASSED}
+    fake = FakeProber(lambda path: answers["reason"])
+    prober = asyncio.create_task(serve(h.socket, {KVM.name: "/dev/kvm"}, "ns/prober", fake))
+    try:
+        await until(lambda: h.told[-1:] == [(KVM.name, Reason.PASSED)], "passed once the prober reports")
+        assert fake.paths[0] == "/dev/kvm"  # the path in the prober's container
+        assert h.health.readiness() == (True, "")
+        assert h.sample("ate_devplugin_kvm_probe_state", state="passed") == 1
+        answers["reason"] = Reason.RUN
+        await until(lambda: h.told[-1:] == [(KVM.name, Reason.RUN)], "the next period's failure")
+        assert h.health.readiness()[1].startswith("KVM probe failed: run-failed: /dev/kvm: ")
+        link = h.health.link
+        assert link is not None
+        assert link.hello == {"pod": "ns/prober", "devices": {KVM.name: "/dev/kvm"}}
+        assert not prober.done()
+        assert "probed ate.dev/kvm (/dev/kvm): run-failed: /dev/kvm: run-failed" in caplog.text
+    finally:
+        prober.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await prober
+
+
+async def test_a_prober_gone_past_its_grace_takes_its_verdict_with_it(harness: Harness) -> None:
+    h = harness
+    h.discover()
+    prober = asyncio.create_task(serve(h.socket, {KVM.name: "/dev/kvm"}, "", FakeProber(lambda p: Reason.RUN)))
+    await until(lambda: h.told[-1:] == [(KVM.name, Reason.RUN)], "failed")
+    prober.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await prober
+    # Within the grace the last verdict holds; then none (existence alone), state prober-gone.
+    assert h.health.verdict(KVM.name) is not None
+    await until(lambda: h.health.verdict(KVM.name) is None, "dropped after the grace", 2.0)
+    assert h.told[-1] == (KVM.name, None)
+    assert h.sample("ate_devplugin_kvm_probe_state", state="prober-gone") == 1
+    assert h.health.readiness()[1].startswith("KVM probe: no prober for ")
+    # A new prober: verdicts again.
+    again = asyncio.create_task(serve(h.socket, {KVM.name: "/dev/kvm"}, "", FakeProber()))
+    try:
+        await until(lambda: h.told[-1:] == [(KVM.name, Reason.PASSED)], "passed with the new prober")
+        assert h.sample("ate_devplugin_kvm_probe_state", state="passed") == 1
+    finally:
+        again.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await again
+
+
+async def test_a_node_that_is_not_kvms_fails_without_the_prober(harness: Harness) -> None:
+    harness.discover(1, 3)
+    assert harness.told == [(KVM.name, Reason.NOT_KVM)]
+
+
+class StaleProber(FakeProber):
+    """Reports on a node of other numbers than the host's: its container's node is stale."""
+
+    async def probe(self, device: str, timeout: float) -> ProbeResult:
+        return replace(await super().probe(device, timeout), rdev="10:233")
+
+
+async def test_a_report_on_another_node_restarts_the_prober(harness: Harness) -> None:
+    harness.discover()
+    prober = asyncio.create_task(serve(harness.socket, {KVM.name: "/dev/kvm"}, "", StaleProber()))
+    assert await asyncio.wait_for(prober, 3.0) == 0  # told restart: it exits 0
+    assert harness.told == []  # and its report did not count
+
+
+async def test_the_prober_waits_for_the_daemon_with_backoff(tmp_path: Path) -> None:
+    socket = str(tmp_path / "run/prober.sock")
+    fake = FakeProber()
+    prober = asyncio.create_task(serve(socket, {KVM.name: "/dev/kvm"}, "", fake, backoff_max_s=0.2))
+    await asyncio.sleep(0.3)  # no daemon yet: it retries
+    assert not prober.done()
+    (tmp_path / "run").mkdir()
+
+    async def daemon(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        hello = json.loads(await reader.readline())
+        assert hello["hello"]["devices"] == {KVM.name: "/dev/kvm"}
+        writer.write(b'{"v":1,"probe":{"resource":"ate.dev/kvm","timeout_s":1}}\n')
+        report = json.loads(await reader.readline())
+        assert report["report"]["result"]["reason"] == "passed"
+        writer.write(b'{"v":1,"restart":true}\n')
+        await writer.drain()
+
+    server = await asyncio.start_unix_server(daemon, socket)
+    try:
+        assert await asyncio.wait_for(prober, 3.0) == 0
+        assert fake.closed
+    finally:
+        server.close()
+
+
+async def test_a_stopping_daemon_leaves_the_next_ones_socket(tmp_path: Path) -> None:
+    """A rollout with overlap (1.37+): the new daemon serves the path before the old stops."""
+    path = str(tmp_path / "run/prober.sock")
+    old, new = ProberLink(path, 60.0), ProberLink(path, 60.0)
+    await old.start()
+    await new.start()
+    await old.close()
+    assert Path(path).is_socket()
+    await new.close()
+    assert not Path(path).exists()
