@@ -121,13 +121,33 @@ def deployment(replicas: int) -> dict[str, Any]:
 
 
 def pods(cluster: Cluster) -> list[dict[str, Any]]:
-    """The Deployment's pods not being deleted."""
+    """The Deployment's pods not being deleted, nor refused at admission (replaced by their
+    ReplicaSet: see ``admission_refused``)."""
+    return [p for p in _deployment_pods(cluster) if not _refused(p)]
+
+
+def admission_refused(cluster: Cluster) -> list[str]:
+    """Pods the kubelet refused at admission. Right after a node moved from the device plugin
+    to DRA, its kubelet refuses a burst of them within a second or two
+    (``UnexpectedAdmissionError: Allocate failed due to no healthy devices present``: its device
+    manager still answers for the stopped plugin's name); their ReplicaSet makes new ones."""
+    return [
+        f"{p['metadata']['name']}: {p['status'].get('message', '')}" for p in _deployment_pods(cluster) if _refused(p)
+    ]
+
+
+def _deployment_pods(cluster: Cluster) -> list[dict[str, Any]]:
     items = cluster.get_json("pods", "-n", MICROVM_WORKERS, "-l", f"app.kubernetes.io/name={DEPLOYMENT}")["items"]
     return [
         p
         for p in items
         if not p["metadata"].get("deletionTimestamp") and "pod-template-hash" in p["metadata"]["labels"]
     ]
+
+
+def _refused(pod: dict[str, Any]) -> bool:
+    status = pod.get("status", {})
+    return bool(status.get("phase") == "Failed" and status.get("reason") == "UnexpectedAdmissionError")
 
 
 def report(cluster: Cluster, pod: dict[str, Any]) -> QemuRun | None:
@@ -293,6 +313,8 @@ def scale(cluster: Cluster, replicas: int) -> list[dict[str, Any]]:
                   status.get("reason"), status.get("message"), conditions)  # fmt: skip
         print(cluster.kubectl("get", "events", "-n", MICROVM_WORKERS, "--sort-by=.lastTimestamp", check=False))
         raise
+    if refused := admission_refused(cluster):
+        print(f"refused at admission and replaced: {len(refused)}: {refused[:3]}")
     found = pods(cluster)
     for pod in found:
         if pod["metadata"]["uid"] not in BOOTED:
