@@ -121,22 +121,7 @@ def deployment(replicas: int) -> dict[str, Any]:
 
 
 def pods(cluster: Cluster) -> list[dict[str, Any]]:
-    """The Deployment's pods not being deleted, nor refused at admission (replaced by their
-    ReplicaSet: see ``admission_refused``)."""
-    return [p for p in _deployment_pods(cluster) if not _refused(p)]
-
-
-def admission_refused(cluster: Cluster) -> list[str]:
-    """Pods the kubelet refused at admission. Right after a node moved from the device plugin
-    to DRA, its kubelet refuses a burst of them within a second or two
-    (``UnexpectedAdmissionError: Allocate failed due to no healthy devices present``: its device
-    manager still answers for the stopped plugin's name); their ReplicaSet makes new ones."""
-    return [
-        f"{p['metadata']['name']}: {p['status'].get('message', '')}" for p in _deployment_pods(cluster) if _refused(p)
-    ]
-
-
-def _deployment_pods(cluster: Cluster) -> list[dict[str, Any]]:
+    """The Deployment's pods not being deleted."""
     items = cluster.get_json("pods", "-n", MICROVM_WORKERS, "-l", f"app.kubernetes.io/name={DEPLOYMENT}")["items"]
     return [
         p
@@ -145,16 +130,24 @@ def _deployment_pods(cluster: Cluster) -> list[dict[str, Any]]:
     ]
 
 
-def _refused(pod: dict[str, Any]) -> bool:
-    status = pod.get("status", {})
-    return bool(status.get("phase") == "Failed" and status.get("reason") == "UnexpectedAdmissionError")
+class RefusedError(Exception):
+    """The kubelet refused the pod at admission: it will never run (its controller makes another)."""
 
 
 def report(cluster: Cluster, pod: dict[str, Any]) -> QemuRun | None:
     """What the pod's QEMU printed, once it ran (the pod keeps running after it)."""
     name = pod["metadata"]["name"]
     current = cluster.get_json("pod", "-n", MICROVM_WORKERS, name)
-    if current["status"].get("phase") != "Running":
+    status = current["status"]
+    if status.get("phase") == "Failed" and status.get("reason") == "UnexpectedAdmissionError":
+        node = current["spec"]["nodeName"]
+        allocatable = cluster.get_json("node", node)["status"].get("allocatable", {})
+        raise RefusedError(
+            f"{name} refused at admission on {node}: {status.get('message')}; its extendedResourceClaimStatus: "
+            f"{status.get('extendedResourceClaimStatus')}; the node's allocatable now: "
+            f"{ {k: v for k, v in allocatable.items() if k.startswith('ate.dev/')} }"
+        )
+    if status.get("phase") != "Running":
         return None
     logs = cluster.kubectl("logs", "-n", MICROVM_WORKERS, name, "-c", "vmm", check=False)
     return QemuRun(logs, node=current["spec"]["nodeName"]) if "ate-e2e: qemu exit=" in logs else None
@@ -313,8 +306,6 @@ def scale(cluster: Cluster, replicas: int) -> list[dict[str, Any]]:
                   status.get("reason"), status.get("message"), conditions)  # fmt: skip
         print(cluster.kubectl("get", "events", "-n", MICROVM_WORKERS, "--sort-by=.lastTimestamp", check=False))
         raise
-    if refused := admission_refused(cluster):
-        print(f"refused at admission and replaced: {len(refused)}: {refused[:3]}")
     found = pods(cluster)
     for pod in found:
         if pod["metadata"]["uid"] not in BOOTED:
@@ -676,6 +667,12 @@ def test_migrating_the_device_plugin_node_to_dra(
                         timeout=240)  # fmt: skip
     first.label({POOL: None})
     wait_until("the device plugin gone from the node", lambda: no_plugin(cluster_137, DP_RELEASE, first), 120)
+    # Until the kubelet posts allocatable 0 (every 10 s) the scheduler sends pods the
+    # device plugin's way there, and the kubelet refuses them: the runbook waits, so do we.
+    gone = time.monotonic()
+    for name in (RESOURCE, TUN):
+        first.wait_resource(name, "0")
+    print(f"allocatable 0 posted {time.monotonic() - gone:.1f}s after the plugin pod went")
     first.label({POOL: "dra"})
     wait_plugin(cluster_137, DRA_RELEASE, first)
     wait_devices(cluster_137, first, 2 * (1 + SLOTS))
