@@ -19,11 +19,13 @@ Needs a KVM device this process may open (root here). Three parts:
   agent waits, idle) over a device root holding a ``10:232`` node, once with
   ``--kvm-probe local`` at ``--period`` (the daemon and its probe worker) and once with
   ``--kvm-probe off``: what wiring the probe adds to the idle daemon.
+* the Go peer, in the same window: the kubelet's Go stub device plugin registered with a
+  kubelet bench (its device manager, streaming, idle), and beside it our daemon registered
+  the same way, probing its ``10:232`` node at ``--period``; ``registered_ratio`` is ours
+  over the stub's CPU and wake-ups.
 * ``budget``: the cost per hour at the default 60 s period from the per-probe figure,
   as a share of one core (the budget is 1 %).
 
-Next to it, for scale, the idle figures of the Go stub plugin and of our daemon from the
-newest full run (``figures.idle``: the kubelet bench's Go peer, registered and streaming).
 Writes ``bench/results/<UTC time>-kvm-probe.json`` and prints it.
 """
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -39,16 +42,21 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from ate_devplugin.kvm.runner import Prober
 from bench import procstat
+from bench.peers import UNITS, Env
 from bench.stats import percentile
+from tests.harness.daemon import DevicePluginDaemon
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROBE_TIMEOUT_S = 5.0
+KUBELET = "1.37"  # the kubelet bench both registered peers run next to
+KVM_RESOURCE = "ate.dev/kvm"
 
 
 def _children_cpu() -> float:
@@ -159,17 +167,49 @@ def _start_daemon(probe: str, period: float, workdir: Path) -> tuple[subprocess.
             "--plugin-dir", str(root), "--cdi-dir", str(root / "cdi"), "--metrics-address", "127.0.0.1:0",
             "--kvm-probe", probe, "--kvm-probe-period", str(period), "--log-format", "json"]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
-    deadline = time.monotonic() + 30
-    while probe == "local" and time.monotonic() < deadline:
-        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-        if children:
-            return proc, int(children[0])
-        time.sleep(0.1)
-    if probe == "local":
+    if probe != "local":
+        time.sleep(2)  # started, idle
+        return proc, 0
+    try:
+        return proc, _probe_worker(proc.pid)
+    except RuntimeError:
         proc.kill()
-        raise RuntimeError("the daemon started no probe worker")
-    time.sleep(2)  # started, idle
-    return proc, 0
+        raise
+
+
+@contextlib.contextmanager
+def registered(period: float, workdir: Path) -> Iterator[dict[str, list[int]]]:
+    """The Go stub, and our daemon probing a ``10:232`` node at ``period``, each registered
+    with a kubelet bench of its own (``bench.peers.Env``) and idle; their pids."""
+    with contextlib.ExitStack() as stack:
+        stub = stack.enter_context(Env("go-stub", KUBELET, work_root=workdir))
+        env = Env("ours", KUBELET, work_root=workdir)  # its namespace and kubelet; the daemon is ours here
+        stack.callback(env.close)
+        env.open(start_plugin=False)
+        root = workdir / "registered" / "dev"
+        root.mkdir(parents=True)
+        os.mknod(root / "kvm", stat.S_IFCHR | 0o666, os.makedev(10, 232))
+        daemon = DevicePluginDaemon(
+            root,
+            workdir / "registered",
+            ns=env.ns,
+            config=f"resources:\n  - name: {KVM_RESOURCE}\n    devices: [/dev/kvm]\n",
+            args=["--log-level", "info", "--kvm-probe", "local", "--kvm-probe-period", str(period)],
+        )
+        stack.enter_context(daemon)
+        env.k.wait(KVM_RESOURCE, capacity=UNITS, allocatable=UNITS)
+        assert daemon.proc is not None
+        yield {"go-stub": stub.p.pids, "ours-probing": [daemon.proc.pid, _probe_worker(daemon.proc.pid)]}
+
+
+def _probe_worker(pid: int) -> int:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if children:
+            return int(children[0])
+        time.sleep(0.1)
+    raise RuntimeError("the daemon started no probe worker")
 
 
 def at_period(device: str, period: float, seconds: float, workdir: Path) -> dict[str, Any]:
@@ -179,20 +219,22 @@ def at_period(device: str, period: float, seconds: float, workdir: Path) -> dict
         "daemon-probing": _start_daemon("local", period, workdir),
         "daemon-no-probe": _start_daemon("off", period, workdir),
     }
+    pids = {name: [p.pid] + ([worker] if worker else []) for name, (p, worker) in hosts.items()}
     try:
-        pids = {name: [p.pid] + ([worker] if worker else []) for name, (p, worker) in hosts.items()}
-        before = {name: [procstat.Snapshot.take(pid) for pid in group] for name, group in pids.items()}
-        start = time.monotonic()
-        time.sleep(seconds)
-        elapsed = time.monotonic() - start
-        after = {name: [procstat.Snapshot.take(pid) for pid in group] for name, group in pids.items()}
-        rss = {name: sum(procstat.rss_bytes(pid) for pid in group) for name, group in pids.items()}
+        with registered(period, workdir) as peers:
+            pids.update(peers)
+            before = {name: [procstat.Snapshot.take(pid) for pid in group] for name, group in pids.items()}
+            start = time.monotonic()
+            time.sleep(seconds)
+            elapsed = time.monotonic() - start
+            after = {name: [procstat.Snapshot.take(pid) for pid in group] for name, group in pids.items()}
+            rss = {name: sum(procstat.rss_bytes(pid) for pid in group) for name, group in pids.items()}
     finally:
         for proc, _ in hosts.values():
             proc.kill()
             proc.wait(10)
     out: dict[str, Any] = {"period_s": period, "seconds": round(elapsed, 1)}
-    for name in hosts:
+    for name in pids:
         costs = [procstat.idle_cost(b, a, elapsed) for b, a in zip(before[name], after[name], strict=True)]
         cpu = sum(c.cpu_s for c in costs)
         out[name] = {
@@ -202,20 +244,12 @@ def at_period(device: str, period: float, seconds: float, workdir: Path) -> dict
             "processes": len(costs),
             "rss_mib": round(rss[name] / 2**20, 1),
         }
-    return out
-
-
-def go_peer_reference(results: Path) -> dict[str, Any]:
-    """The kubelet bench's idle figures of the Go stub and of our daemon, newest full run."""
-    full = sorted(results.glob("*-full.json"))
-    if not full:
-        return {"na": "no full run in bench/results"}
-    idle = json.loads(full[-1].read_text()).get("figures", {}).get("idle", {})
-    pick = ("cpu_s_per_min", "switches_per_min")
-    return {
-        "source": full[-1].name,
-        **{peer: {k: idle[peer][k] for k in pick if k in idle[peer]} for peer in ("go-stub", "ours") if peer in idle},
+    ours, stub = out["ours-probing"], out["go-stub"]
+    out["registered_ratio"] = {
+        key: round(ours[key] / stub[key], 2) if stub[key] else "n/a (the stub's is 0)"
+        for key in ("millicores", "switches_per_min", "rss_mib")
     }
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -248,7 +282,6 @@ def main(argv: list[str]) -> int:
             "core_percent": round(100 * per_hour_s / 3600.0, 4),
             "limit_percent": 1.0,
         },
-        "go_peer_reference": go_peer_reference(args.results_dir),
     }
     text = json.dumps(result, indent=2)
     args.results_dir.mkdir(parents=True, exist_ok=True)
