@@ -330,8 +330,8 @@ def test_node_affinity_on_the_labels(release: Cluster) -> None:
 def test_the_labels_stay_while_the_file_does_and_go_with_it(release: Cluster, helm: Helm) -> None:
     """The daemon leaves the file at stop (docs: no expiry time yet), so the labels outlive
     the release; once the file is removed, nfd-worker's next pass drops them and nfd-master
-    takes them off the Node. (While the daemon runs it writes a missing file again at its
-    next verdict.)"""
+    takes them off the Node. (Uninstalled first: a running daemon would, by its code, write a
+    removed file again at its next verdict, since nfd.write compares with the file there.)"""
     cluster = release
     node = cluster.node
     before = _ate_labels(node)
