@@ -78,6 +78,9 @@ if [ "$what" = test ]; then
   tools/build-k8s.sh 1.35
   # containerd 2 (CDI) for the e2e clusters' second runtime; Debian's runc runs its pods.
   tools/build-containerd.sh
+  # node-feature-discovery (nfd-master, nfd-worker) for the e2e module that puts the
+  # daemon's KVM facts on the Node as labels (tests/e2e/test_nfd_labels.py).
+  tools/build-nfd.sh
   # The Perses page's npm packages, exactly as locked; again only when the lock changed.
   page=tools/render-dashboards
   if [ ! -e "$page/node_modules/.package-lock.json" ] || [ "$page/package-lock.json" -nt "$page/node_modules/.package-lock.json" ]; then

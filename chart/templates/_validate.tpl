@@ -21,6 +21,12 @@ daemon.extraArgs and extraEnv rules from its argument parser (_daemonargs.tpl, g
 {{- if regexMatch "(^|/)\\.\\.(/|$)" .Values.kvmProbe.socketDir -}}
 {{- fail (printf "kvmProbe.socketDir %q contains '..'; give the plain absolute path" .Values.kvmProbe.socketDir) -}}
 {{- end -}}
+{{- if and .Values.nfd.enabled (not .Values.kvmProbe.enabled) -}}
+{{- fail "nfd.enabled=true needs kvmProbe.enabled=true: the daemon writes the node's KVM facts from the probe's verdicts, and without the prober it has none" -}}
+{{- end -}}
+{{- if regexMatch "(^|/)\\.\\.(/|$)" .Values.nfd.featuresDir -}}
+{{- fail (printf "nfd.featuresDir %q contains '..'; give the plain absolute path" .Values.nfd.featuresDir) -}}
+{{- end -}}
 {{- if and (include "ate-devplugin.dra" .) (semverCompare "<1.34-0" .Capabilities.KubeVersion.Version) -}}
 {{- fail (printf "dra.mode=%s needs Kubernetes 1.34 or later (resource.k8s.io/v1); this cluster is %s" .Values.dra.mode .Capabilities.KubeVersion.Version) -}}
 {{- end -}}

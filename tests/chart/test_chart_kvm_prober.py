@@ -1,6 +1,7 @@
 """The KVM prober's DaemonSet (kvmProbe.enabled): what it requests, its privileges (none),
-the socket directory it shares with the daemon, and the daemon's arguments either way.
-checkov, validity and helm v3/v4 parity run over chart/ci/kvm-probe-values.yaml with the
+the socket directory it shares with the daemon, and the daemon's arguments either way; and
+the NFD feature file the daemon writes from the probe's verdicts (nfd.enabled). checkov,
+validity and helm v3/v4 parity run over chart/ci/kvm-probe-values.yaml (both on) with the
 other ci files."""
 
 from __future__ import annotations
@@ -89,3 +90,53 @@ def test_dra_mode_alone_refuses_the_prober(any_helm: Helm) -> None:
 def test_the_schema_refuses(any_helm: Helm, bad: str) -> None:
     with pytest.raises(HelmError):
         any_helm.template(sets=["kvmProbe.enabled=true", bad])
+
+
+def _daemon_host_paths(docs: list[Manifest]) -> dict[str, Any]:
+    (ds,) = daemonsets(docs)
+    return {v["name"]: v["hostPath"] for v in ds["spec"]["template"]["spec"]["volumes"] if "hostPath" in v}
+
+
+def test_no_feature_file_by_default(any_helm: Helm) -> None:
+    for sets in ([], ["kvmProbe.enabled=true"]):
+        docs = any_helm.template(sets=sets)
+        assert not [a for a in _daemon_args(docs) if a.startswith("--nfd-features-dir")]
+        assert "nfd-features" not in _daemon_host_paths(docs)
+
+
+def test_the_feature_file_goes_to_nfds_features_directory(any_helm: Helm) -> None:
+    docs = any_helm.template(sets=["kvmProbe.enabled=true", "nfd.enabled=true"])
+    default = "/etc/kubernetes/node-feature-discovery/features.d"
+    assert f"--nfd-features-dir={default}" in _daemon_args(docs)
+    assert _daemon_host_paths(docs)["nfd-features"] == {"path": default, "type": "DirectoryOrCreate"}
+    (ds,) = daemonsets(docs)
+    mounts = {m["name"]: m for m in ds["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["nfd-features"] == {"name": "nfd-features", "mountPath": default}  # read-write
+    # Only the daemon writes it: the prober mounts nothing of NFD's.
+    prober_volumes = _prober(docs)["spec"]["template"]["spec"]["volumes"]
+    assert [v["name"] for v in prober_volumes] == ["kvm-prober"]
+
+    docs = any_helm.template(sets=["kvmProbe.enabled=true", "nfd.enabled=true", "nfd.featuresDir=/run/nfd/features.d"])
+    assert "--nfd-features-dir=/run/nfd/features.d" in _daemon_args(docs)
+    assert _daemon_host_paths(docs)["nfd-features"]["path"] == "/run/nfd/features.d"
+
+
+def test_the_feature_file_needs_the_prober(any_helm: Helm) -> None:
+    with pytest.raises(HelmError) as failure:
+        any_helm.template(sets=["nfd.enabled=true"])
+    assert "nfd.enabled=true needs kvmProbe.enabled=true" in str(failure.value)
+
+
+@pytest.mark.parametrize(
+    ("bad", "said"),
+    [
+        ("nfd.featuresDir=relative/features.d", "/nfd/featuresDir"),
+        ("nfd.featuresDir=/etc/../run/features.d", "nfd.featuresDir"),
+        ("nfd.unknown=1", "unknown"),
+        ("daemon.extraArgs[0]=--nfd-features-dir=/x", "use nfd.enabled and nfd.featuresDir"),
+    ],
+)
+def test_the_feature_file_refuses(any_helm: Helm, bad: str, said: str) -> None:
+    with pytest.raises(HelmError) as failure:
+        any_helm.template(sets=["kvmProbe.enabled=true", "nfd.enabled=true", bad])
+    assert said in str(failure.value)

@@ -142,6 +142,7 @@ def check_daemonset_security(ds: Manifest, values: dict[str, Any]) -> None:
     )
     pod_resources = values.get("podResources", {}).get("enabled", True)
     kvm_probe = values.get("kvmProbe", {}).get("enabled", False)
+    nfd = values.get("nfd", {}).get("enabled", False)
     dra_paths = {"dra-registry", "dra-plugin"}
     if mode != "device-plugin":
         assert {n: host_paths.pop(n)["path"] for n in dra_paths} == {
@@ -151,7 +152,7 @@ def check_daemonset_security(ds: Manifest, values: dict[str, Any]) -> None:
     expected = {"host-dev"} if mode == "dra" else {"device-plugins", "host-dev"}
     assert set(host_paths) == expected | ({"cdi"} if uses_cdi else set()) | (
         {"pod-resources"} if pod_resources else set()
-    ) | ({"kvm-prober"} if kvm_probe else set())
+    ) | ({"kvm-prober"} if kvm_probe else set()) | ({"nfd-features"} if nfd else set())
     assert host_paths["host-dev"]["path"] == "/dev"
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     assert mounts["host-dev"]["mountPath"] == "/host/dev"
@@ -179,6 +180,15 @@ def check_daemonset_security(ds: Manifest, values: dict[str, Any]) -> None:
         assert "--pod-resources=on" in c["args"]
     else:
         assert "--pod-resources=off" in c["args"]
+
+    features_dir = values.get("nfd", {}).get("featuresDir", "/etc/kubernetes/node-feature-discovery/features.d")
+    if nfd:  # nfd-worker's features.d, read-write: the daemon replaces its feature file there
+        assert host_paths["nfd-features"] == {"path": features_dir, "type": "DirectoryOrCreate"}
+        assert mounts["nfd-features"]["mountPath"] == features_dir
+        assert not mounts["nfd-features"].get("readOnly")
+        assert f"--nfd-features-dir={features_dir}" in c["args"]
+    else:
+        assert not [a for a in c["args"] if a.startswith("--nfd-features-dir")]
 
     strategy = ds["spec"]["updateStrategy"]
     if strategy["type"] == "RollingUpdate" and mode == "device-plugin":  # helm's default Kubernetes: 1.37

@@ -313,6 +313,7 @@ GROUPS = (
                 "node-feature-discovery's features.d: the KVM facts go there as node labels (ate.dev/cpuModel=...)",
                 "none: no feature file",
                 applies=Applies(switch="kvm_probe"),
+                chart="use nfd.enabled and nfd.featuresDir",
                 doc="none ([kvm-health.md](kvm-health.md#as-node-labels-device-plugin-mode))",
             ),
         ),
