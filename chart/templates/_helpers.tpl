@@ -133,6 +133,14 @@ Name of a pool's DaemonSet and ConfigMap: the full name, suffixed with the pool'
 {{- end -}}
 
 {{/*
+Name of a pool's KVM prober DaemonSet (kvm-prober.yaml), and of its ResourceClaimTemplate in
+dra mode.
+*/}}
+{{- define "ate-devplugin.kvmProberName" -}}
+{{- printf "%s-kvm-prober" (include "ate-devplugin.daemonSetName" . | trunc 52 | trimSuffix "-") -}}
+{{- end -}}
+
+{{/*
 One context per DaemonSet: without pools the root context, otherwise one per pool (in
 name order) whose .Values are the top-level values with each key the pool sets replaced
 as a whole, and .Pool its name. Writes the list to .contexts of the dict it is given:

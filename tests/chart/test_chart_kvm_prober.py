@@ -18,6 +18,14 @@ def _prober(docs: list[Manifest]) -> Manifest:
     return ds
 
 
+def _prober_templates(docs: list[Manifest]) -> list[Manifest]:
+    return [
+        t
+        for t in by_kind(docs, "ResourceClaimTemplate")
+        if t["metadata"]["labels"].get("app.kubernetes.io/component") == "kvm-prober"
+    ]
+
+
 def _daemon_args(docs: list[Manifest]) -> list[str]:
     (ds,) = daemonsets(docs)
     args: list[str] = ds["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -77,10 +85,67 @@ def test_each_pool_gets_its_prober(any_helm: Helm) -> None:
     assert len({d["metadata"]["name"] for d in probers}) == 2
 
 
-def test_dra_mode_alone_refuses_the_prober(any_helm: Helm) -> None:
+TAINT_TOLERATION = {"key": "ate.dev/kvm-unhealthy", "operator": "Exists"}
+
+
+def test_in_dra_mode_the_prober_claims_a_device_tolerating_the_taint(any_helm: Helm) -> None:
+    """No unit in dra mode: a ResourceClaimTemplate of the resource's DeviceClass whose request
+    tolerates the driver's taint (no effect: every effect), so that a prober pod made while
+    the probe fails is still allocated the device it must report on."""
+    docs = any_helm.template(sets=["kvmProbe.enabled=true", "dra.mode=dra", "kvmProbe.socketDir=/run/ate-x"])
+    assert "--kvm-probe=socket" in _daemon_args(docs)
+    ds = _prober(docs)
+    pod: dict[str, Any] = ds["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    (ref,) = pod["resourceClaims"]
+    (template,) = _prober_templates(docs)
+    assert template["apiVersion"] == "resource.k8s.io/v1"
+    assert ref == {"name": "kvm", "resourceClaimTemplateName": template["metadata"]["name"]}
+    assert template["metadata"]["namespace"] == ds["metadata"]["namespace"]
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert request == {
+        "name": "kvm",
+        "exactly": {"deviceClassName": "kvm.ate.dev", "tolerations": [TAINT_TOLERATION]},
+    }
+    (device_class,) = by_kind(docs, "DeviceClass")
+    assert device_class["metadata"]["name"] == "kvm.ate.dev"
+    assert c["resources"]["claims"] == [{"name": "kvm"}]
+    assert "ate.dev/kvm" not in c["resources"]["limits"]
+    assert c["args"] == ["probe", "--kvm-probe-socket=/run/ate-x/prober.sock", "--device=ate.dev/kvm=/dev/kvm"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_each_pool_gets_its_claim_template(any_helm: Helm) -> None:
+    docs = any_helm.template(
+        sets=[
+            "kvmProbe.enabled=true",
+            "dra.mode=dra",
+            "pools.big.nodeSelector.size=big",
+            "pools.small.nodeSelector.size=small",
+        ]
+    )
+    probers = [d for d in by_kind(docs, "DaemonSet") if is_kvm_prober(d)]
+    templates = {t["metadata"]["name"] for t in _prober_templates(docs)}
+    claimed = {d["spec"]["template"]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] for d in probers}
+    assert len(probers) == 2
+    assert claimed == templates
+
+
+@pytest.mark.parametrize("mode", ["device-plugin", "both"])
+def test_outside_dra_mode_the_prober_takes_a_unit_and_no_claim(any_helm: Helm, mode: str) -> None:
+    docs = any_helm.template(sets=["kvmProbe.enabled=true", f"dra.mode={mode}"])
+    pod = _prober(docs)["spec"]["template"]["spec"]
+    assert "resourceClaims" not in pod
+    assert pod["containers"][0]["resources"]["limits"]["ate.dev/kvm"] == 1
+    assert "claims" not in pod["containers"][0]["resources"]
+    assert not _prober_templates(docs)
+
+
+def test_dra_mode_without_the_charts_device_classes_refuses_the_prober(any_helm: Helm) -> None:
     with pytest.raises(HelmError) as failure:
-        any_helm.template(sets=["kvmProbe.enabled=true", "dra.mode=dra"])
-    assert "kvmProbe.enabled=true needs dra.mode device-plugin or both" in str(failure.value)
+        any_helm.template(sets=["kvmProbe.enabled=true", "dra.mode=dra", "dra.deviceClasses=false"])
+    assert "kvmProbe.enabled=true with dra.mode=dra needs dra.deviceClasses=true" in str(failure.value)
 
 
 @pytest.mark.parametrize(
@@ -140,3 +205,20 @@ def test_the_feature_file_refuses(any_helm: Helm, bad: str, said: str) -> None:
     with pytest.raises(HelmError) as failure:
         any_helm.template(sets=["kvmProbe.enabled=true", "nfd.enabled=true", bad])
     assert said in str(failure.value)
+
+
+@pytest.mark.parametrize("mode", ["dra", "both"])
+def test_uninstall_stops_the_probers_before_the_drivers(any_helm: Helm, mode: str) -> None:
+    """The pre-delete hook deletes each pool's prober DaemonSet first and waits for it (in dra
+    mode a prober pod's claim is unprepared by the running driver), then the drivers'."""
+    sets = ["kvmProbe.enabled=true", f"dra.mode={mode}", "pools.a.nodeSelector.pool=a", "pools.b.nodeSelector.pool=b"]
+    docs = any_helm.template(sets=sets)
+    probers = sorted(d["metadata"]["name"] for d in by_kind(docs, "DaemonSet") if is_kvm_prober(d))
+    drivers = sorted(d["metadata"]["name"] for d in daemonsets(docs))
+    assert len(probers) == len(drivers) == 2
+    hooks = [d for d in docs if d["metadata"].get("annotations", {}).get("helm.sh/hook") == "pre-delete"]
+    (job,) = by_kind(hooks, "Job")
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["args"][2:] == [*(f"--first={p}" for p in probers), *drivers]
+    (role,) = by_kind(hooks, "Role")
+    assert sorted(role["rules"][0]["resourceNames"]) == sorted(probers + drivers)

@@ -53,7 +53,8 @@ def test_objects_valid_for_kubernetes(
     docs = any_helm.template([ci_values])
     checked = 0
     for doc in docs:
-        claims = doc["kind"] == "Pod" and "resourceClaims" in doc["spec"]  # the helm test pod, dra mode
+        pod = doc["spec"] if doc["kind"] == "Pod" else doc.get("spec", {}).get("template", {}).get("spec", {})
+        claims = "resourceClaims" in pod  # the helm test pod and the KVM prober, dra mode
         if (doc["apiVersion"] == "resource.k8s.io/v1" or claims) and _minor(version) < (1, 34):
             checked += 1  # DRA mode needs 1.34 (the chart refuses to render it for older releases)
             continue

@@ -381,3 +381,13 @@ def test_install_notes_name_every_pool(helm_v4: Helm) -> None:
     notes = out.stdout.split("NOTES:", 1)[1]
     for pool in ("vm", "nfv"):
         assert f"kubectl -n ate-system rollout status daemonset/ate-devplugin-{pool}" in notes
+
+
+@pytest.mark.parametrize("mode", ["device-plugin", "dra"])
+def test_install_notes_with_the_kvm_prober(helm_v4: Helm, mode: str) -> None:
+    notes = _notes(helm_v4, f"dra.mode={mode}", "kvmProbe.enabled=true")
+    assert "kubectl -n ate-system rollout status daemonset/ate-devplugin-kvm-prober" in notes
+    assert "grep '^ate_devplugin_kvm_probe_state'" in notes
+    assert ("tolerates the taint ate.dev/kvm-unhealthy" in notes) is (mode == "dra")
+    assert ('cdi.file_mode "0666"' in notes) is (mode == "dra")
+    assert "KVM prober" not in _notes(helm_v4, f"dra.mode={mode}")

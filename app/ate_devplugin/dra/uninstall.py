@@ -8,7 +8,11 @@ DaemonSet; the stopping driver's calls are then refused (401) and the node's sli
 until the kubelet removes them, 30 s after the driver's registration went away, while the
 scheduler still sees devices of a driver that is gone.
 
-    python3 -m ate_devplugin.dra.uninstall --namespace NS [--timeout SECONDS] DAEMONSET...
+With the KVM prober in dra mode its DaemonSets go first (``--first``), and are waited for:
+their pods hold claims that only a running driver can unprepare, so a prober pod deleted
+after the drivers would never finish terminating.
+
+    python3 -m ate_devplugin.dra.uninstall --namespace NS [--timeout SECONDS] [--first DAEMONSET]... DAEMONSET...
 
 Exit codes: 0 when every DaemonSet is gone, and also when the wait ran out (said on
 stderr: the uninstall goes on, and the kubelet removes what a pod that did not stop in time
@@ -83,16 +87,33 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="python3 -m ate_devplugin.dra.uninstall", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--namespace", required=True, help="the release's namespace")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the DaemonSets to go")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for all the DaemonSets to go")
+    parser.add_argument(
+        "--first",
+        action="append",
+        default=[],
+        metavar="DAEMONSET",
+        help="a DaemonSet deleted and waited for before the others (the KVM probers); repeatable",
+    )
     parser.add_argument("daemonsets", nargs="+", metavar="DAEMONSET", help="the release's DaemonSets")
     return parser.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None, client: Client | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    client: Client | None = None,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
     args = parse(argv)
     try:
         client = client or Client()
-        stop_daemonsets(client, args.namespace, args.daemonsets, args.timeout)
+        start = clock()
+        if args.first:
+            stop_daemonsets(client, args.namespace, args.first, args.timeout, clock=clock, sleep=sleep)
+        left_s = max(0.0, args.timeout - (clock() - start))
+        stop_daemonsets(client, args.namespace, args.daemonsets, left_s, clock=clock, sleep=sleep)
     except ClientConfigError as exc:
         log(f"no credentials for the API server: {exc}")
         return 2

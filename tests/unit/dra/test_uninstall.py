@@ -88,6 +88,22 @@ def test_each_daemonset_is_deleted_in_the_foreground_and_waited_for(capsys: pyte
     assert "gone after 1.5s: ate-devplugin-a, ate-devplugin-b" in capsys.readouterr().err
 
 
+def test_the_probers_go_first_and_share_the_timeout(capsys: pytest.CaptureFixture[str]) -> None:
+    """--first: the prober's DaemonSet is deleted and gone before the driver's is deleted (its
+    pods' claims need a running driver to be unprepared); the wait for both is one timeout."""
+    api = FakeApi({"ate-devplugin-kvm-prober": 2, "ate-devplugin": 1000})
+    clock = Clock()
+    argv = ["--namespace", "ate-system", "--timeout", "5", "--first", "ate-devplugin-kvm-prober", "ate-devplugin"]
+    assert uninstall.main(argv, client(api), clock=clock, sleep=clock.sleep) == 0
+    calls = [(method, name) for method, name, _ in api.requests]
+    assert calls[:4] == [("DELETE", "ate-devplugin-kvm-prober"), *[("GET", "ate-devplugin-kvm-prober")] * 3]
+    assert calls[4] == ("DELETE", "ate-devplugin")
+    assert clock.now == 5  # 1 s for the prober, the 4 s left for the driver
+    err = capsys.readouterr().err
+    assert "gone after 1.0s: ate-devplugin-kvm-prober" in err
+    assert "still there after 4.0s: ate-devplugin;" in err
+
+
 def test_a_daemonset_already_gone_is_no_error() -> None:
     api = FakeApi({})
     assert uninstall.main(["--namespace", "ate-system", "ate-devplugin"], client(api)) == 0
