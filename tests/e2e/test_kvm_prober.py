@@ -106,6 +106,14 @@ def _readyz(cluster: Cluster, pod: dict[str, Any]) -> str:
     return str(body)
 
 
+def _reasons_now(cluster: Cluster) -> list[str]:
+    """The reasons ate_devplugin_kvm_probe_reason says 1 for: the verdict that holds now (one at most)."""
+    (pod,) = plugin_pods(cluster, cluster.node)
+    found = metrics(cluster, pod).items()
+    name = "ate_devplugin_kvm_probe_reason"
+    return sorted(dict(ls)["reason"] for (n, ls), v in found if n == name and ("resource_name", RESOURCE) in ls and v)
+
+
 def _verdicts(cluster: Cluster, reason: str) -> float:
     (pod,) = plugin_pods(cluster, cluster.node)
     return sample(metrics(cluster, pod), "ate_devplugin_kvm_probes_total", resource_name=RESOURCE, reason=reason) or 0.0
@@ -149,6 +157,7 @@ def test_the_real_device_passes_a_1_3_node_is_unhealthy_and_back(cluster_with_re
     readyz = _readyz(cluster, pod)
     assert states["failed"] == 1, states
     assert "KVM probe failed: not-a-kvm-device:" in readyz, readyz
+    assert _reasons_now(cluster) == ["not-a-kvm-device"]  # AteDevpluginKvmProbeFailing's reason label
     print(f"1:3 node: allocatable 0 after {to_unhealthy:.1f}s, states {states}, readyz {readyz!r}")
 
     # The real node back: probed anew by the prober, passed, Healthy.
@@ -159,6 +168,7 @@ def test_the_real_device_passes_a_1_3_node_is_unhealthy_and_back(cluster_with_re
     wait_until("a new passing report", lambda: _verdicts(cluster, "passed") > passed_before, 60)
     pod, states = _state(cluster)
     assert states["passed"] == 1, states
+    assert _reasons_now(cluster) == ["passed"]
     readyz = _readyz(cluster, pod)
     assert "KVM probe" not in readyz, readyz
     print(f"real node back: allocatable 4096 after {to_healthy:.1f}s, states {states}, "
