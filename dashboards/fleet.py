@@ -4,6 +4,7 @@ fail Allocate, and since when; the node name links to the Node board."""
 from __future__ import annotations
 
 from dashboards.dra import fleet_dra
+from dashboards.kvm import fleet_kvm
 from dashboards.model import Board, ColumnStyle
 from dashboards.pods import fleet_pods
 from dashboards.vocabulary import (
@@ -372,6 +373,6 @@ def fleet() -> Board:
         ],
         # Closed: the DRA driver is off by default (dra.mode), so a default install shows no empty row. The Pods
         # rows (--pod-resources, now on by default) are closed too: the pictures' bench serves no PodResources.
-        collapsed=[("Pods", fleet_pods()), ("DRA driver", fleet_dra())],
+        collapsed=[("Pods", fleet_pods()), ("DRA driver", fleet_dra()), ("KVM probe", fleet_kvm())],
         variables=[*variables(multi_node=True), DAEMONSET],
     )

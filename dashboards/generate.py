@@ -8,7 +8,7 @@ The panels are defined once, as the project's own small model (model.py: ``Stat`
 ``TimeSeries``, ``StateTimeline``, ``Table``, grouped in rows of a ``Board``), in the words
 of vocabulary.py (label matchers, colours, panel constructors, query shapes). Each board
 has its module: fleet.py, node.py, and the collapsed rows they share, pods.py
-(PodResources) and dra.py (the DRA driver). Two writers turn a board into a Grafana
+(PodResources), dra.py (the DRA driver) and kvm.py (the KVM probe). Two writers turn a board into a Grafana
 dashboard (grafana.py, with Grafana's own SDK, grafana-foundation-sdk, pinned in
 pyproject.toml) and into a Perses dashboard (perses.py: the ``Dashboard`` resource of
 Perses' API, with the upstream panel plugins: StatChart, TimeSeriesChart,
@@ -22,7 +22,9 @@ against the fleet scenario of tests/harness/monitoring.py, so the scenario must 
 the series it reads; queries on the DRA driver's series (ate_devplugin_dra_*, in the
 collapsed "DRA driver" rows) are run by tests/e2e/test_dra.py instead, as the PodResources
 ones (collapsed "Pods" rows) are by test_pods_holding_units.py, and kube-state-metrics' (kube_*)
-by the rendered test (tests/harness/incident.py) and tests/e2e/test_user_path.py.
+by the rendered test (tests/harness/incident.py) and tests/e2e/test_user_path.py. The KVM
+probe's (collapsed "KVM probe" rows) are in the fleet scenario: its daemons probe their
+/dev/kvm themselves (--kvm-probe local).
 
 tests/dashboards/ fails when a generated file drifts from this code, checks the conventions
 and grafana/dashboard-linter's rules, runs every query against a real Prometheus that

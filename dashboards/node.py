@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dashboards.dra import node_dra
+from dashboards.kvm import node_kvm
 from dashboards.model import Annotation, Board
 from dashboards.pods import node_pods
 from dashboards.vocabulary import (
@@ -249,7 +250,7 @@ def node() -> Board:
             ("Allocate", allocate),
             ("Process", process),
         ],
-        collapsed=[("Pods", node_pods()), ("DRA driver", node_dra())],
+        collapsed=[("Pods", node_pods()), ("DRA driver", node_dra()), ("KVM probe", node_kvm())],
         variables=variables(multi_node=False),
         annotations=[
             Annotation(

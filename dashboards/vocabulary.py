@@ -52,8 +52,8 @@ def pod_reporting(pods: str = PLUGIN_PODS) -> str:
 PODS_WITHOUT_TARGET = f"kube_pod_info{{{PLUGIN_PODS}}} unless on (namespace, pod) {daemons_up()}"
 
 # Grafana's named colours and the same ones as hex for Perses.
-GREEN, RED = "green", "red"
-HEX = {GREEN: "#73BF69", RED: "#F2495C", "orange": "#FF9830"}
+GREEN, RED, BLUE = "green", "red", "blue"
+HEX = {GREEN: "#73BF69", RED: "#F2495C", "orange": "#FF9830", BLUE: "#5794F2"}
 
 
 def target(expr: str, legend: str = "", *, instant: bool = False, exemplar: bool = False, color: str = "") -> Query:

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.harness.monitoring import RulesScenario
+from tests.harness.devices import DeviceNumber, add_device_node, can_mknod
+from tests.harness.monitoring import RESOURCE, RulesScenario, rules_scenario
+from tests.harness.prometheus import INSTALL
+from tests.harness.require import require, require_tool
 from tests.harness.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -122,6 +126,47 @@ def test_rules_are_healthy_on_real_series(live_rules: RulesScenario) -> None:
     assert {r["name"] for r in rules} == {r["alert"] for r in alert_rules()}
     unhealthy = [(r["name"], r["health"], r.get("lastError")) for r in rules if r["health"] != "ok"]
     assert not unhealthy
+
+
+def test_the_kvm_alerts_on_a_socket_mode_daemons_real_series(tmp_path: Path) -> None:
+    """The daemon as the chart runs it with kvmProbe.enabled (--kvm-probe socket), its probe
+    period 1 s, and no prober: prober-gone after 3 periods starts AteDevpluginKvmProberGone's
+    wait; a 1:3 node renamed over its kvm (the daemon's own check, no prober needed) starts
+    AteDevpluginKvmProbeFailing's with reason not-a-kvm-device, and AteDevpluginDevicesUnhealthy
+    leaves those Unhealthy units to it; the real node back ends the failure."""
+    require_tool("prometheus", INSTALL)
+    require(can_mknod(), "cannot mknod a device node (root?)")
+    env = {
+        "ATE_DEVPLUGIN_KVM_PROBE": "socket",
+        "ATE_DEVPLUGIN_KVM_PROBE_PERIOD": "1",
+        "ATE_DEVPLUGIN_KVM_PROBE_SOCKET": str(tmp_path / "prober.sock"),
+    }
+    with rules_scenario(tmp_path, env=env) as live:
+        gone = wait_for_alert(live, "AteDevpluginKvmProberGone", "pending")
+        assert (gone["labels"]["node"], gone["labels"]["resource_name"]) == ("node-a", RESOURCE)
+        assert "no KVM prober connected" in gone["annotations"]["description"]
+
+        root = live.node.device_root
+        add_device_node(root, ".kvm.new", DeviceNumber(1, 3))
+        (root / ".kvm.new").rename(root / "kvm")
+        failing = wait_for_alert(live, "AteDevpluginKvmProbeFailing", "pending")
+        assert failing["labels"]["reason"] == "not-a-kvm-device"
+        assert (failing["labels"]["node"], failing["labels"]["resource_name"]) == ("node-a", RESOURCE)
+        assert "fails with not-a-kvm-device" in failing["annotations"]["description"]
+        live.prometheus.wait_for('ate_devplugin_devices{node="node-a", health="unhealthy"} > 0')
+        time.sleep(3)  # three more evaluations of every rule on the Unhealthy units
+        assert "AteDevpluginDevicesUnhealthy" not in alert_states(live), alert_states(live)
+
+        add_device_node(root, ".kvm.new", "/dev/kvm")
+        (root / ".kvm.new").rename(root / "kvm")
+        wait_until(
+            lambda: "AteDevpluginKvmProbeFailing" not in alert_states(live),
+            30,
+            lambda: f"KvmProbeFailing gone with the real node back; alerts {alert_states(live)}",
+            interval=0.5,
+        )
+        # No prober can verify it: prober-gone again, and its alert waits anew.
+        wait_for_alert(live, "AteDevpluginKvmProberGone", "pending")
 
 
 def test_alerts_match_the_real_label_sets(live_rules: RulesScenario) -> None:

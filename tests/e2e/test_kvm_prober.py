@@ -50,7 +50,9 @@ def cluster_with_release(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     for node in cluster.nodes:
         node.run(["sh", "-ec", f"mkdir -p {PRIVATE_DEV}; mknod -m 0600 {KVM} c 10 232"])
     try:
-        helm.install("--set", f"hostPaths.dev={PRIVATE_DEV}", "--set", "kvmProbe.enabled=true")
+        # A 2 s probe period: the prober is gone after 3 periods, 6 s (test_the_prober_gone).
+        period = "daemon.extraArgs={--kvm-probe-period=2}"
+        helm.install("--set", f"hostPaths.dev={PRIVATE_DEV}", "--set", "kvmProbe.enabled=true", "--set", period)
         yield cluster
     finally:
         if helm.run("status", "ate-devplugin", "-n", NAMESPACE, check=False).returncode == 0:
@@ -106,6 +108,14 @@ def _readyz(cluster: Cluster, pod: dict[str, Any]) -> str:
     return str(body)
 
 
+def _reasons_now(cluster: Cluster) -> list[str]:
+    """The reasons ate_devplugin_kvm_probe_reason says 1 for: the verdict that holds now (one at most)."""
+    (pod,) = plugin_pods(cluster, cluster.node)
+    found = metrics(cluster, pod).items()
+    name = "ate_devplugin_kvm_probe_reason"
+    return sorted(dict(ls)["reason"] for (n, ls), v in found if n == name and ("resource_name", RESOURCE) in ls and v)
+
+
 def _verdicts(cluster: Cluster, reason: str) -> float:
     (pod,) = plugin_pods(cluster, cluster.node)
     return sample(metrics(cluster, pod), "ate_devplugin_kvm_probes_total", resource_name=RESOURCE, reason=reason) or 0.0
@@ -149,6 +159,7 @@ def test_the_real_device_passes_a_1_3_node_is_unhealthy_and_back(cluster_with_re
     readyz = _readyz(cluster, pod)
     assert states["failed"] == 1, states
     assert "KVM probe failed: not-a-kvm-device:" in readyz, readyz
+    assert _reasons_now(cluster) == ["not-a-kvm-device"]  # AteDevpluginKvmProbeFailing's reason label
     print(f"1:3 node: allocatable 0 after {to_unhealthy:.1f}s, states {states}, readyz {readyz!r}")
 
     # The real node back: probed anew by the prober, passed, Healthy.
@@ -159,6 +170,7 @@ def test_the_real_device_passes_a_1_3_node_is_unhealthy_and_back(cluster_with_re
     wait_until("a new passing report", lambda: _verdicts(cluster, "passed") > passed_before, 60)
     pod, states = _state(cluster)
     assert states["passed"] == 1, states
+    assert _reasons_now(cluster) == ["passed"]
     readyz = _readyz(cluster, pod)
     assert "KVM probe" not in readyz, readyz
     print(f"real node back: allocatable 4096 after {to_healthy:.1f}s, states {states}, "
@@ -168,3 +180,23 @@ def test_the_real_device_passes_a_1_3_node_is_unhealthy_and_back(cluster_with_re
     print("prober's log:\n" + logs)
     # One prober all along: its reports came over one connection, it never restarted.
     assert prober["status"]["containerStatuses"][0]["restartCount"] == 0
+
+
+def test_the_prober_gone_is_prober_gone_and_the_units_judged_by_existence(cluster_with_release: Cluster) -> None:
+    """What AteDevpluginKvmProberGone reads, from the unprivileged daemon pod: the prober's
+    DaemonSet deleted, state prober-gone once 3 periods (6 s here) have passed without it, no
+    reason at 1 (no verdict holds), /readyz says so, and the units are Healthy by existence."""
+    cluster = cluster_with_release
+    wait_until("the prober's verdict passed", lambda: _state(cluster)[1]["passed"] == 1, 120)
+    (daemonset,) = cluster.get_json("daemonsets", "-n", NAMESPACE, "-l", PROBER_SELECTOR)["items"]
+    start = time.monotonic()
+    cluster.kubectl("delete", "daemonset", "-n", NAMESPACE, daemonset["metadata"]["name"], "--wait=false")
+    wait_until("state prober-gone", lambda: _state(cluster)[1]["prober-gone"] == 1, 60)
+    to_gone = time.monotonic() - start
+    pod, states = _state(cluster)
+    assert [s for s, v in states.items() if v] == ["prober-gone"], states
+    assert _reasons_now(cluster) == []
+    readyz = _readyz(cluster, pod)
+    assert "KVM probe: no prober for " in readyz, readyz
+    cluster.node.wait_resource(RESOURCE, "4096")
+    print(f"prober DaemonSet deleted: prober-gone after {to_gone:.1f}s, states {states}, readyz {readyz!r}")

@@ -284,10 +284,14 @@ class RulesScenario:
 
 @contextlib.contextmanager
 def rules_scenario(
-    workdir: Path, rule_files: Sequence[Path] = (ALERTS_FILE,), job: str = DEFAULT_JOB
+    workdir: Path,
+    rule_files: Sequence[Path] = (ALERTS_FILE,),
+    job: str = DEFAULT_JOB,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[RulesScenario]:
-    """``job``: the job label the scrape gives, as a release's jobLabel would (nameOverride)."""
-    node = node_daemon(workdir, "node-a", config=KVM_CONFIG)
+    """``job``: the job label the scrape gives, as a release's jobLabel would (nameOverride);
+    ``env``: the daemon's settings (e.g. its KVM probe)."""
+    node = node_daemon(workdir, "node-a", config=KVM_CONFIG, env=env)
     with contextlib.ExitStack() as stack:
         stack.callback(node.daemon.close)
         node.daemon.start()

@@ -131,6 +131,11 @@ class KvmHealth:
             elif (node.major, node.minor) != KVM_RDEV:
                 self._verdict(watched, _not_kvm(node))
             else:
+                if self.link is not None and watched.verdict is not None and watched.verdict.reason is Reason.NOT_KVM:
+                    # Of the node before: none holds until the prober reports on this one. Kept, it
+                    # would outlast a prober that is gone, whose pod cannot come back while the units
+                    # it requests are Unhealthy.
+                    self._verdict(watched, None)
                 watched.wake.set()
 
     def readiness(self) -> tuple[bool, str]:
@@ -162,6 +167,8 @@ class KvmHealth:
         watched = _Watched(resource)
         self._watched[resource.name] = watched
         self.metrics.add_resource(resource.name, REASONS)
+        if self._prober_away_s is not None:
+            self.metrics.set_state(resource.name, "prober-gone")  # added by a reload while it is away
         watched.task = self._guard.spawn("kvm_probe", self._run(watched), f"kvm probe {resource.name}")
 
     async def _remove(self, name: str, deadline_s: float) -> None:
@@ -210,7 +217,9 @@ class KvmHealth:
 
     def _prober_came(self) -> None:
         self._prober_away_s = None
-        for watched in self._watched.values():
+        for name, watched in self._watched.items():
+            if watched.verdict is None:
+                self.metrics.set_state(name, "unverified")  # until its first report
             watched.wake.set()
 
     def _prober_gone(self, away_s: float) -> None:
@@ -221,7 +230,7 @@ class KvmHealth:
         for watched in self._watched.values():
             if watched.verdict is not None and watched.verdict.reason is Reason.NOT_KVM:
                 continue  # decided here, without the prober
-            self._verdict(watched, None, "prober-gone")
+            self._verdict(watched, None)
 
     async def _sleep(self, watched: _Watched) -> None:
         period = self.settings.kvm_probe_period
@@ -235,14 +244,17 @@ class KvmHealth:
         except TimeoutError:
             pass
 
-    def _verdict(self, watched: _Watched, result: ProbeResult | None, none_state: str = "unverified") -> None:
+    def _verdict(self, watched: _Watched, result: ProbeResult | None) -> None:
+        """``None``: no verdict holds, the state is prober-gone while the prober is (a node
+        that changes meanwhile does not hide that it is), else unverified."""
         name = watched.config.name
         previous, watched.verdict = watched.verdict, result
         if result is None:
-            self.metrics.set_state(name, none_state)
+            self.metrics.set_state(name, "unverified" if self._prober_away_s is None else "prober-gone", REASONS)
         else:
             self.metrics.verdicts.labels(name, result.reason).inc()
-            self.metrics.set_state(name, "passed" if result.passed else "failed")
+            state = "passed" if result.passed else "failed"
+            self.metrics.set_state(name, state, REASONS, str(result.reason))
             _say(name, previous, result)
         for listener in self.listeners:
             listener(name, result)

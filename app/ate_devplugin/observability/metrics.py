@@ -207,6 +207,13 @@ class KvmMetrics:
             [*res, "state"],
             registry=r,
         )
+        self.reason = Gauge(
+            f"{PREFIX}_kvm_probe_reason",
+            "1 for the reason of the resource's current verdict (passed, or why it failed), 0 for the others; "
+            "all 0 while it has none (unverified, prober-gone).",
+            [*res, "reason"],
+            registry=r,
+        )
         self.duration = Histogram(
             f"{PREFIX}_kvm_probe_duration_seconds",
             "Time a KVM probe took, its worker's start included.",
@@ -219,12 +226,16 @@ class KvmMetrics:
         """Every series of the resource, at zero (a failure's first count is then an increase)."""
         for reason in reasons:
             self.verdicts.labels(resource, reason)
+            self.reason.labels(resource, reason).set(0)
         self.duration.labels(resource)
         self.set_state(resource, "unverified")
 
-    def set_state(self, resource: str, state: str) -> None:
+    def set_state(self, resource: str, state: str, reasons: Iterable[str] = (), reason: str = "") -> None:
+        """The resource's state; with ``reasons``, its reason gauge too: 1 for ``reason`` ("" for none)."""
         for s in KVM_PROBE_STATES:
             self.state.labels(resource, s).set(1 if s == state else 0)
+        for r in reasons:
+            self.reason.labels(resource, r).set(1 if r == reason else 0)
 
     def remove_resource(self, resource: str, reasons: Iterable[str]) -> None:
         for s in KVM_PROBE_STATES:
@@ -232,6 +243,7 @@ class KvmMetrics:
         self.duration.remove(resource)
         for reason in reasons:
             self.verdicts.remove(resource, reason)
+            self.reason.remove(resource, reason)
 
 
 # --- DRA driver (mode dra or both) ----------------------------------------------------

@@ -85,9 +85,52 @@ async def test_a_prober_gone_past_its_grace_takes_its_verdict_with_it(harness: H
             await again
 
 
+async def test_prober_gone_lasts_through_a_node_change_until_a_prober_comes(harness: Harness) -> None:
+    """What AteDevpluginKvmProberGone reads: no prober ever came, the node goes and comes back
+    meanwhile (it is unverified only once a prober is there to verify it)."""
+    h = harness
+
+    def state() -> list[str]:
+        states = ("unverified", "passed", "failed", "prober-gone")
+        return [s for s in states if h.sample("ate_devplugin_kvm_probe_state", state=s) == 1]
+
+    h.discover()
+    assert state() == ["unverified"]
+    await until(lambda: state() == ["prober-gone"], "prober-gone after the grace, no prober ever", 2.0)
+    h.discover(0)
+    assert state() == ["prober-gone"]
+    h.discover()
+    assert state() == ["prober-gone"]
+    prober = asyncio.create_task(serve(h.socket, {KVM.name: "/dev/kvm"}, "", FakeProber(lambda p: Reason.RUN)))
+    try:
+        await until(lambda: state() == ["failed"], "the new prober's verdict")
+        assert h.sample("ate_devplugin_kvm_probe_reason", reason="run-failed") == 1
+        h.discover(0)  # gone while the prober is there: unverified, not prober-gone
+        assert state() == ["unverified"]
+        assert h.sample("ate_devplugin_kvm_probe_reason", reason="run-failed") == 0
+    finally:
+        prober.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await prober
+
+
 async def test_a_node_that_is_not_kvms_fails_without_the_prober(harness: Harness) -> None:
     harness.discover(1, 3)
     assert harness.told == [(KVM.name, Reason.NOT_KVM)]
+
+
+async def test_kvms_node_back_drops_the_not_kvm_verdict_with_no_prober_to_replace_it(harness: Harness) -> None:
+    """Without the prober nothing would replace that verdict: its units would stay Unhealthy, and
+    the prober's pod, which requests one of them, could not be admitted to come back."""
+    h = harness
+    h.discover()
+    await until(lambda: h.sample("ate_devplugin_kvm_probe_state", state="prober-gone") == 1, "prober-gone", 2.0)
+    h.discover(1, 3)
+    assert h.sample("ate_devplugin_kvm_probe_state", state="failed") == 1
+    h.discover()
+    assert h.told == [(KVM.name, None), (KVM.name, Reason.NOT_KVM), (KVM.name, None)]
+    assert h.sample("ate_devplugin_kvm_probe_state", state="prober-gone") == 1
+    assert h.sample("ate_devplugin_kvm_probe_reason", reason="not-a-kvm-device") == 0
 
 
 class StaleProber(FakeProber):

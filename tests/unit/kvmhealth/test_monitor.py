@@ -21,7 +21,7 @@ from ate_devplugin.host.devices import DeviceNode, Discovery
 from ate_devplugin.kvm.probe import ProbeResult
 from ate_devplugin.kvm.reasons import Reason
 from ate_devplugin.kvm.runner import Prober
-from ate_devplugin.kvmhealth.monitor import KvmHealth
+from ate_devplugin.kvmhealth.monitor import REASONS, KvmHealth
 from ate_devplugin.observability.metrics import KvmMetrics
 from ate_devplugin.settings import KvmHealthSettings
 from ate_devplugin.tasks import Guard
@@ -169,6 +169,30 @@ async def test_a_verdict_on_a_node_swapped_while_probed_is_dropped(tmp_path: Pat
     await until(lambda: len(h.told) == 2, "told")
     # The first probe's pass (about the first node) was never told.
     assert h.told == [(KVM.name, Reason.NOT_KVM), (KVM.name, Reason.PASSED)]
+
+
+async def test_the_reason_gauge_names_the_current_verdicts_reason(tmp_path: Path, stopped: list[Harness]) -> None:
+    """What AteDevpluginKvmProbeFailing names: the reason of the verdict that holds now, which
+    the counter cannot tell once a failure decided at an event (not-a-kvm-device) stops counting."""
+    h = Harness(tmp_path, FakeProber())
+    stopped.append(h)
+    await h.start(KVM)
+
+    def said() -> dict[str, float | None]:
+        values = {r: h.sample("ate_devplugin_kvm_probe_reason", reason=r) for r in REASONS}
+        assert set(values.values()) <= {0.0, 1.0}, values  # every reason's series exists from the start
+        return {r: v for r, v in values.items() if v}
+
+    assert said() == {}
+    h.discover(1, 3)
+    assert said() == {"not-a-kvm-device": 1.0}
+    h.discover()  # the real node: probed, passes
+    await until(lambda: said() == {"passed": 1.0}, "the pass replaces the failure")
+    h.discover(0)  # gone: no verdict, no reason
+    assert said() == {}
+    assert h.sample("ate_devplugin_kvm_probe_state", state="unverified") == 1
+    await h.health.on_resources(())
+    assert h.sample("ate_devplugin_kvm_probe_reason", reason="passed") is None
 
 
 async def test_probes_repeat_every_period_and_a_failure_is_logged_once(
