@@ -60,6 +60,7 @@ from tests.e2e.userpath import (
     ensure_workload_namespace,
     is_ready,
     metrics,
+    resource_health,
     sample,
     worker,
 )
@@ -192,20 +193,12 @@ def results(claim: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for r in found if r["device"].startswith(SHARED)]
 
 
-def resource_health(cluster: Cluster, name: str) -> list[dict[str, Any]]:
-    """``containerStatuses[0].allocatedResourcesStatus`` of a pod, as kubectl get pod -o yaml shows it."""
-    pod = cluster.get_json("pod", "-n", MICROVM_WORKERS, name)
-    statuses = pod["status"].get("containerStatuses") or [{}]
-    found: list[dict[str, Any]] = statuses[0].get("allocatedResourcesStatus") or []
-    return found
-
-
 def healths(cluster: Cluster, name: str) -> set[str]:
     """The health of the pod's /dev/kvm devices: its claim's (resource ID ``ate.dev/kvm=...``)
     or the device plugin's (the entry named ``ate.dev/kvm``)."""
     return {
         r.get("health", "")
-        for s in resource_health(cluster, name)
+        for s in resource_health(cluster, MICROVM_WORKERS, name)
         for r in s.get("resources", [])
         if s["name"] == RESOURCE or r["resourceID"].startswith(f"{RESOURCE}=")
     }
@@ -491,7 +484,7 @@ def test_dra_device_health_shows_in_the_pod_status(
         kvm_present(second, False)
         try:
             wait_until("Unhealthy in the pod status", lambda: healths(cluster_137, names[0]) == {"Unhealthy"}, 120)
-            status = resource_health(cluster_137, names[0])
+            status = resource_health(cluster_137, MICROVM_WORKERS, names[0])
             print(f"kubectl get pod {names[0]} -o yaml: allocatedResourcesStatus:\n{yaml.safe_dump(status)}")
             [entry] = status
             assert entry["name"] == "claim:vm"
@@ -499,11 +492,11 @@ def test_dra_device_health_shows_in_the_pod_status(
             assert device["message"] == "ate.dev/kvm: device node missing (/dev/kvm)"
             [tun] = [r for r in entry["resources"] if r["resourceID"] == "ate.dev/tun=tun"]
             assert tun["health"] == "Healthy"
-            assert resource_health(cluster_137, names[1]) == []  # kubernetes/kubernetes#140060
+            assert resource_health(cluster_137, MICROVM_WORKERS, names[1]) == []  # kubernetes/kubernetes#140060
         finally:
             kvm_present(second, True)
         wait_until("Healthy again", lambda: healths(cluster_137, names[0]) == {"Healthy"}, 120)
-        print(f"back: {yaml.safe_dump(resource_health(cluster_137, names[0]))}")
+        print(f"back: {yaml.safe_dump(resource_health(cluster_137, MICROVM_WORKERS, names[0]))}")
     finally:
         delete(cluster_137, *names)
     wait_devices(cluster_137, second, 2 * (1 + SLOTS))
@@ -638,7 +631,7 @@ def test_device_plugin_health_shows_in_the_pod_status(
     kvm_present(first, False)
     try:
         wait_until("Unhealthy in the pod status", lambda: healths(cluster_137, name) == {"Unhealthy"}, 120)
-        status = resource_health(cluster_137, name)
+        status = resource_health(cluster_137, MICROVM_WORKERS, name)
         print(f"kubectl get pod {name} -o yaml: allocatedResourcesStatus:\n{yaml.safe_dump(status)}")
         [entry] = [e for e in status if e["name"] == RESOURCE]
         [unit] = entry["resources"]

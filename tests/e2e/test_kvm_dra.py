@@ -37,6 +37,7 @@ from tests.e2e.userpath import (
     metrics,
     plugin_pods,
     sample,
+    unhealthy_in_status,
     wait_plugin_ready,
 )
 
@@ -329,6 +330,12 @@ def test_a_1_3_node_taints_the_devices_and_the_real_node_back_clears_them(releas
     said = readyz(cluster, node)
     assert "KVM probe failed: not-a-kvm-device:" in said, said
     print(f"1:3 node: {len(tainted)} devices tainted {tainted[0]} {to_taint:.1f}s after the rename; readyz {said!r}")
+    # The pod status (KEP-4680): the prober's container holds a claim of the node's device.
+    (holder,) = probers(cluster, node)
+    in_status = partial(unhealthy_in_status, cluster, NAMESPACE, holder["metadata"]["name"])
+    unhealthy = wait_until("the prober's pod status Unhealthy", in_status, 60)
+    assert all("KVM probe failed: not-a-kvm-device:" in r.get("message", "") for r in unhealthy), unhealthy
+    print(f"the prober's pod status: {unhealthy}")
 
     # A new claim on that node is not allocated: its pod stays Pending, said why.
     pending = claim_and_pod(cluster, "while-tainted", None, node=node)
@@ -364,8 +371,11 @@ def test_a_1_3_node_taints_the_devices_and_the_real_node_back_clears_them(releas
             print(diagnose(cluster, node))
             raise
         to_clear = time.monotonic() - start
+        # The 1:3 node's verdict goes with it (no taint without a verdict); the prober's next
+        # report on the real node passes.
+        wait_until("the probe passed on the real node", partial(probe_passed, cluster, node), 60)
+        to_passed = time.monotonic() - start
         states = probe_state(cluster, node)
-        assert states["passed"] == 1, states
         wait_until(
             "the pending pod scheduled",
             lambda: cluster.get_json("pod", "-n", WORKLOADS, pending)["spec"].get("nodeName"),
@@ -379,7 +389,8 @@ def test_a_1_3_node_taints_the_devices_and_the_real_node_back_clears_them(releas
         prober = wait_until("the prober running", partial(running_prober, cluster, node), 30)
         restarts = prober["status"]["containerStatuses"][0]["restartCount"]
         assert restarts >= 1, prober["status"]
-        print(f"real node back: taint gone after {to_clear:.1f}s (daemon states {states}; the prober's container "
+        print(f"real node back: taint gone after {to_clear:.1f}s, the probe passed after {to_passed:.1f}s "
+              f"(daemon states {states}; the prober's container "
               f"restarted {restarts}x onto the real node); the pending pod scheduled after {to_scheduled:.1f}s, "
               f"Succeeded after {to_run:.1f}s: {log.strip().splitlines()[-1]!r}")  # fmt: skip
     finally:

@@ -16,12 +16,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import pytest
 
 from tests.e2e.cluster import Cluster, ClusterError, wait_until
-from tests.e2e.userpath import NAMESPACE, RESOURCE, Helm, metrics, plugin_pods, sample, wait_plugin_ready
+from tests.e2e.userpath import (
+    NAMESPACE,
+    RESOURCE,
+    Helm,
+    metrics,
+    plugin_pods,
+    sample,
+    unhealthy_in_status,
+    wait_plugin_ready,
+)
 
 PRIVATE_DEV = "/run/ate-e2e-prober-dev"  # in the node's tmpfs: the host's /dev is never touched
 KVM = f"{PRIVATE_DEV}/kvm"
@@ -161,6 +171,11 @@ def test_the_real_device_passes_a_1_3_node_is_unhealthy_and_back(cluster_with_re
     assert "KVM probe failed: not-a-kvm-device:" in readyz, readyz
     assert _reasons_now(cluster) == ["not-a-kvm-device"]  # AteDevpluginKvmProbeFailing's reason label
     print(f"1:3 node: allocatable 0 after {to_unhealthy:.1f}s, states {states}, readyz {readyz!r}")
+    if int(cluster.version().split(".")[1]) >= 36:  # ResourceHealthStatus: beta and on from 1.36
+        # The pod status (KEP-4680): the prober holds one unit (the device plugin API has no message).
+        in_status = partial(unhealthy_in_status, cluster, NAMESPACE, _prober(cluster)["metadata"]["name"])
+        unhealthy = wait_until("the prober's pod status Unhealthy", in_status, 60)
+        print(f"the prober's pod status: {unhealthy}")
 
     # The real node back: probed anew by the prober, passed, Healthy.
     start = time.monotonic()

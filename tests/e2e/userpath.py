@@ -163,6 +163,24 @@ def wait_plugin_ready(cluster: Cluster, node: Node | None = None, timeout: float
     return pod
 
 
+def resource_health(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    """``containerStatuses[0].allocatedResourcesStatus`` of a pod (KEP-4680: the kubelet writes
+    device health there on 1.36+), as kubectl get pod -o yaml shows it."""
+    pod = cluster.get_json("pod", "-n", namespace, name)
+    statuses = pod["status"].get("containerStatuses") or [{}]
+    found: list[dict[str, Any]] = statuses[0].get("allocatedResourcesStatus") or []
+    return found
+
+
+def unhealthy_in_status(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]] | None:
+    """The pod's devices its status says are Unhealthy, or None."""
+    found = [
+        r for s in resource_health(cluster, namespace, name)
+        for r in s.get("resources", []) if r.get("health") == "Unhealthy"
+    ]  # fmt: skip
+    return found or None
+
+
 def metrics(cluster: Cluster, pod: dict[str, Any]) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     """The plugin pod's /metrics, fetched from inside the sandbox: {(sample, labels): value}."""
     status, text = cluster.sandbox.http_get(f"http://{pod['status']['podIP']}:{METRICS_PORT}/metrics")
