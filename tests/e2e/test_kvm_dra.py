@@ -34,9 +34,9 @@ from tests.e2e.userpath import (
     RESOURCE,
     Helm,
     ensure_namespace,
-    metrics,
+    kvm_probe_states,
     plugin_pods,
-    sample,
+    readyz,
     unhealthy_in_status,
     wait_plugin_ready,
 )
@@ -122,22 +122,16 @@ def taints(cluster: Cluster, node: Node) -> list[list[tuple[str, str, str]]] | N
 
 def probe_state(cluster: Cluster, node: Node) -> dict[str, float]:
     (pod,) = plugin_pods(cluster, node)
-    values = metrics(cluster, pod)
-    return {
-        s: sample(values, "ate_devplugin_kvm_probe_state", resource_name=RESOURCE, state=s) or 0.0
-        for s in ("unverified", "passed", "failed", "prober-gone")
-    }
+    return kvm_probe_states(cluster, pod)
 
 
 def probe_passed(cluster: Cluster, node: Node) -> bool:
     return probe_state(cluster, node)["passed"] == 1
 
 
-def readyz(cluster: Cluster, node: Node) -> str:
+def node_readyz(cluster: Cluster, node: Node) -> str:
     (pod,) = plugin_pods(cluster, node)
-    status, body = cluster.sandbox.http_get(f"http://{pod['status']['podIP']}:9477/readyz")
-    assert status == 200, body
-    return str(body)
+    return readyz(cluster, pod)
 
 
 def probers(cluster: Cluster, node: Node) -> list[dict[str, Any]]:
@@ -261,7 +255,7 @@ def test_the_probers_claim_the_device_and_their_probes_pass(release: Cluster) ->
         assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
         assert container["securityContext"]["privileged"] is False
         assert (result["driver"], result["pool"]) == (DRIVER, node.name)
-        states, said = probe_state(cluster, node), readyz(cluster, node)
+        states, said = probe_state(cluster, node), node_readyz(cluster, node)
         print(f"{node.name}: prober {prober['metadata']['name']} uid 65532, claim {claim_name} allocated "
               f"{result['device']}, daemon states {states}, readyz {said!r}")  # fmt: skip
 
@@ -327,11 +321,12 @@ def test_a_1_3_node_taints_the_devices_and_the_real_node_back_clears_them(releas
     to_taint = time.monotonic() - start
     assert all(t == [(TAINT_KEY, "not-a-kvm-device", "NoSchedule")] for t in tainted), tainted
     assert untainted(cluster, other_node)  # the other node's are not
-    said = readyz(cluster, node)
+    said = node_readyz(cluster, node)
     assert "KVM probe failed: not-a-kvm-device:" in said, said
     print(f"1:3 node: {len(tainted)} devices tainted {tainted[0]} {to_taint:.1f}s after the rename; readyz {said!r}")
     # The pod status (KEP-4680): the prober's container holds a claim of the node's device.
     (holder,) = probers(cluster, node)
+
     in_status = partial(unhealthy_in_status, cluster, NAMESPACE, holder["metadata"]["name"])
     unhealthy = wait_until("the prober's pod status Unhealthy", in_status, 60)
     assert all("KVM probe failed: not-a-kvm-device:" in r.get("message", "") for r in unhealthy), unhealthy

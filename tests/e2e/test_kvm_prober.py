@@ -26,8 +26,10 @@ from tests.e2e.userpath import (
     NAMESPACE,
     RESOURCE,
     Helm,
+    kvm_probe_states,
     metrics,
     plugin_pods,
+    readyz,
     sample,
     unhealthy_in_status,
     wait_plugin_ready,
@@ -93,7 +95,7 @@ def _running_prober(cluster: Cluster) -> dict[str, Any] | None:
 def _diagnose(cluster: Cluster) -> str:
     """What the first node's daemon and prober say, for a failure's message."""
     (daemon,) = plugin_pods(cluster, cluster.node)
-    said = [f"daemon readyz: {_readyz(cluster, daemon)!r}"]
+    said = [f"daemon readyz: {readyz(cluster, daemon)!r}"]
     said.append("daemon log:\n" + cluster.kubectl("logs", "-n", NAMESPACE, daemon["metadata"]["name"], "--tail", "15"))
     for pod in _probers(cluster):
         said.append(f"prober {pod['metadata']['name']} status: {pod['status']}")
@@ -104,18 +106,7 @@ def _diagnose(cluster: Cluster) -> str:
 
 def _state(cluster: Cluster) -> tuple[dict[str, Any], dict[str, float]]:
     (pod,) = plugin_pods(cluster, cluster.node)
-    values = metrics(cluster, pod)
-    states = {
-        s: sample(values, "ate_devplugin_kvm_probe_state", resource_name=RESOURCE, state=s) or 0.0
-        for s in ("unverified", "passed", "failed", "prober-gone")
-    }
-    return pod, states
-
-
-def _readyz(cluster: Cluster, pod: dict[str, Any]) -> str:
-    status, body = cluster.sandbox.http_get(f"http://{pod['status']['podIP']}:9477/readyz")
-    assert status == 200, body
-    return str(body)
+    return pod, kvm_probe_states(cluster, pod)
 
 
 def _reasons_now(cluster: Cluster) -> list[str]:
@@ -158,7 +149,7 @@ def test_the_real_device_passes_a_1_3_node_is_unhealthy_and_back(cluster_with_re
     pod, states = _state(cluster)
     node.wait_resource(RESOURCE, "4096")
     passed_before = _verdicts(cluster, "passed")
-    print(f"real 10:232 node: states {states}, passed verdicts {passed_before:g}, readyz {_readyz(cluster, pod)!r}")
+    print(f"real 10:232 node: states {states}, passed verdicts {passed_before:g}, readyz {readyz(cluster, pod)!r}")
 
     # A 1:3 node renamed over it: the daemon's own 10:232 check, without the prober.
     start = time.monotonic()
@@ -166,11 +157,11 @@ def test_the_real_device_passes_a_1_3_node_is_unhealthy_and_back(cluster_with_re
     node.wait_resource(RESOURCE, "0")
     to_unhealthy = time.monotonic() - start
     pod, states = _state(cluster)
-    readyz = _readyz(cluster, pod)
+    said = readyz(cluster, pod)
     assert states["failed"] == 1, states
-    assert "KVM probe failed: not-a-kvm-device:" in readyz, readyz
+    assert "KVM probe failed: not-a-kvm-device:" in said, said
     assert _reasons_now(cluster) == ["not-a-kvm-device"]  # AteDevpluginKvmProbeFailing's reason label
-    print(f"1:3 node: allocatable 0 after {to_unhealthy:.1f}s, states {states}, readyz {readyz!r}")
+    print(f"1:3 node: allocatable 0 after {to_unhealthy:.1f}s, states {states}, readyz {said!r}")
     if int(cluster.version().split(".")[1]) >= 36:  # ResourceHealthStatus: beta and on from 1.36
         # The pod status (KEP-4680): the prober holds one unit (the device plugin API has no message).
         in_status = partial(unhealthy_in_status, cluster, NAMESPACE, _prober(cluster)["metadata"]["name"])
@@ -186,10 +177,10 @@ def test_the_real_device_passes_a_1_3_node_is_unhealthy_and_back(cluster_with_re
     pod, states = _state(cluster)
     assert states["passed"] == 1, states
     assert _reasons_now(cluster) == ["passed"]
-    readyz = _readyz(cluster, pod)
-    assert "KVM probe" not in readyz, readyz
+    said = readyz(cluster, pod)
+    assert "KVM probe" not in said, said
     print(f"real node back: allocatable 4096 after {to_healthy:.1f}s, states {states}, "
-          f"passed verdicts {_verdicts(cluster, 'passed'):g}, readyz {readyz!r}")  # fmt: skip
+          f"passed verdicts {_verdicts(cluster, 'passed'):g}, readyz {said!r}")  # fmt: skip
     prober = _prober(cluster)
     logs = cluster.kubectl("logs", "-n", NAMESPACE, prober["metadata"]["name"], "--tail", "5")
     print("prober's log:\n" + logs)
@@ -211,7 +202,7 @@ def test_the_prober_gone_is_prober_gone_and_the_units_judged_by_existence(cluste
     pod, states = _state(cluster)
     assert [s for s, v in states.items() if v] == ["prober-gone"], states
     assert _reasons_now(cluster) == []
-    readyz = _readyz(cluster, pod)
-    assert "KVM probe: no prober for " in readyz, readyz
+    said = readyz(cluster, pod)
+    assert "KVM probe: no prober for " in said, said
     cluster.node.wait_resource(RESOURCE, "4096")
-    print(f"prober DaemonSet deleted: prober-gone after {to_gone:.1f}s, states {states}, readyz {readyz!r}")
+    print(f"prober DaemonSet deleted: prober-gone after {to_gone:.1f}s, states {states}, readyz {said!r}")

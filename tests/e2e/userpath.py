@@ -200,6 +200,22 @@ def sample(values: dict[tuple[str, frozenset[tuple[str, str]]], float], name: st
     return found[0] if found else None
 
 
+def readyz(cluster: Cluster, pod: dict[str, Any]) -> str:
+    """The daemon pod's /readyz text (200: readiness never waits for the KVM probe)."""
+    status, body = cluster.sandbox.http_get(f"http://{pod['status']['podIP']}:9477/readyz")
+    assert status == 200, body
+    return str(body)
+
+
+def kvm_probe_states(cluster: Cluster, pod: dict[str, Any]) -> dict[str, float]:
+    """``ate_devplugin_kvm_probe_state`` of the daemon pod's KVM resource: {state: 0 or 1}."""
+    values = metrics(cluster, pod)
+    return {
+        s: sample(values, "ate_devplugin_kvm_probe_state", resource_name=RESOURCE, state=s) or 0.0
+        for s in ("unverified", "passed", "failed", "prober-gone")
+    }
+
+
 def example_pod(
     name: str, *, request: bool = True, supplemental_groups: tuple[int, ...] = (), node: Node | None = None
 ) -> dict[str, Any]:
