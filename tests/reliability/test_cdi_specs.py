@@ -130,7 +130,11 @@ def test_never_through_a_symlink_nor_over_a_foreign_spec(
     link = kubelet_ns.path(CDI_DIR + ".link")
     os.symlink(elsewhere, link)
     swap_in(kubelet_ns.path(CDI_DIR), link)
-    wait_until(lambda: b"symlink" in d.get("/readyz")[1], 10, "unready, saying why")
+    wait_until(
+        lambda: b"symlink" in d.get("/readyz")[1],
+        10,
+        lambda: f"unready, saying why (/readyz: {d.get('/readyz')[1]!r}; log: {d.log_text()[-3000:]})",
+    )
     assert allocate_status(kubelet_ns)[0] == grpc.StatusCode.FAILED_PRECONDITION
     assert json.loads(victim.read_text())["kind"] == "other.vendor/kvm"
 

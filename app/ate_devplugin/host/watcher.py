@@ -216,7 +216,9 @@ class Watcher:
     def watch(self, watches: Watches) -> None:
         """Watches what ``watches`` says from now on. A socket watched under a new identity
         (first seen, or bound anew) is reported as made unless its making was awaited: it
-        may have been made while nothing watched for it. A path removed between planning
+        may have been made while nothing watched for it. A watched directory found replaced
+        (a new identity under its name, its old watch's events unread) is reported as made
+        anew, so that what it holds is looked at again. A path removed between planning
         and its watch is reported as removed, and the plan made again, so that its nearest
         ancestor is watched: nothing is left unwatched by the race."""
         for _ in range(_REPLANS):
@@ -233,9 +235,12 @@ class Watcher:
         self._plan, self._sockets = plan(watches), watches.sockets
         self._awaited = self._plan.awaited
         wanted = self._plan.masks
+        replaced = set()
         for path, (_, ident, _) in list(self._watches.items()):
             if path in wanted and self._identity(path) != ident:
+                # Replaced since its events were last read: they go with its watch, unread.
                 self._remove(path)
+                replaced.add(path)
         vanished = []
         for path, mask in wanted.items():
             found = self._identity(path)
@@ -256,8 +261,8 @@ class Watcher:
                 continue
             self._watches[path] = (wd, found, mask)
             self._paths[wd] = (path, path not in self._sockets)
-            if path in self._sockets and known is None and path not in awaited:
-                self._put(FsEvent("created", path, "", False))
+            if path in replaced or (path in self._sockets and known is None and path not in awaited):
+                self._put(FsEvent("created", path, "", path not in self._sockets))
         # Old watches end only once the new ones are armed: no moment watches neither.
         for path in [p for p in self._watches if p not in wanted]:
             self._remove(path)

@@ -337,3 +337,27 @@ async def test_a_directory_removed_while_its_watch_is_armed_leaves_its_parent_wa
     cdi.mkdir()
     await until(lambda: fs("created", str(cdi), is_dir=True) in seen, "the directory made again")
     watcher.stop()
+
+
+async def test_a_directory_replaced_before_its_events_are_read_is_reported_made_anew(tmp_path: Path) -> None:
+    """The race CI met: the CDI directory swapped for a symlink to another directory after
+    one batch's events were read and before the next plan. The plan finds a new identity
+    under the name and watches it; the old watch's events (its move) go unread with it, so
+    the replacement itself must be reported."""
+    seen: list[FsEvent] = []
+    watcher = Watcher(asyncio.get_running_loop(), seen.append)
+    watcher.start()
+    cdi, elsewhere, link = tmp_path / "cdi", tmp_path / "elsewhere", tmp_path / "cdi.link"
+    cdi.mkdir()
+    elsewhere.mkdir()
+    watcher.watch(dirs(cdi))
+    link.symlink_to(elsewhere)
+    os.rename(cdi, tmp_path / "old")  # no await: the loop reads none of this before the plan
+    os.rename(link, cdi)
+    watcher.watch(dirs(cdi))
+    assert seen == [fs("created", str(cdi), is_dir=True)]
+    await asyncio.sleep(0.05)  # the old watch's move and the tmp_path events stay unread
+    assert seen == [fs("created", str(cdi), is_dir=True)]
+    watcher.watch(dirs(cdi))  # the same identity: nothing new
+    assert seen == [fs("created", str(cdi), is_dir=True)]
+    watcher.stop()
