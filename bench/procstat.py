@@ -8,7 +8,9 @@ threads alive at each reading and kept per thread name too, to tell who wakes up
 
 from __future__ import annotations
 
+import ctypes
 import os
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -49,6 +51,18 @@ def cpu_seconds(pid: int) -> float:
     rest = text[text.rindex(")") + 2 :].split()
     utime, stime = int(rest[11]), int(rest[12])
     return (utime + stime) / _CLK_TCK
+
+
+def exact_cpu_seconds(pid: int) -> float:
+    """CPU time of the whole process ``pid`` from its CPU-time clock (nanoseconds, where
+    /proc's ticks are 10 ms): for costs of a few milliseconds in a live process."""
+    clock = ctypes.c_int()
+    if _LIBC.clock_getcpuclockid(pid, ctypes.byref(clock)) != 0:
+        raise ProcessLookupError(f"no CPU clock for process {pid}")
+    return time.clock_gettime(clock.value)
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def thread_switches(pid: int) -> dict[int, tuple[str, int]]:
