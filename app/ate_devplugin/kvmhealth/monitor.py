@@ -58,6 +58,7 @@ class _Watched:
 
     config: ResourceConfig
     node: DeviceNode | None = None
+    changes: int = 0  # node changes seen: a probe's verdict holds only if none came meanwhile
     verdict: ProbeResult | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
@@ -126,6 +127,7 @@ class KvmHealth:
             if node == watched.node:
                 continue
             watched.node = node
+            watched.changes += 1
             if node is None:
                 self._verdict(watched, None)  # gone: existence says so; the next node is probed afresh
             elif (node.major, node.minor) != KVM_RDEV:
@@ -196,19 +198,23 @@ class KvmHealth:
                 path = resolve_in_root(root, node.host_path) or os.path.join(root, node.host_path.lstrip("/")[4:])
             except EscapesRootError:
                 continue  # a symlink swapped in since: its discovery follows, and ignores it
+            changes = watched.changes
             result = await self.prober.probe(path, self.settings.kvm_probe_timeout)
             self.metrics.duration.labels(watched.config.name).observe(result.duration_s)
-            if watched.node != node or (result.rdev and result.rdev != f"{node.major}:{node.minor}"):
-                continue  # the node changed while it was probed: that verdict is of another node
+            # The node changed while it was probed (gone and back counts: the probe may have
+            # found it missing): that verdict is of another node, and the new one is probed.
+            if watched.changes != changes or (result.rdev and result.rdev != f"{node.major}:{node.minor}"):
+                continue
             self._verdict(watched, _as_host_path(result, node.host_path))
 
     async def _ask_prober(self, watched: _Watched, node: DeviceNode) -> None:
         assert self.link is not None
+        changes = watched.changes
         result = await self.link.probe(watched.config.name, self.settings.kvm_probe_timeout)
         if result is None:
             return  # no prober: the state stays until it comes (or its grace ends)
         self.metrics.duration.labels(watched.config.name).observe(result.duration_s)
-        if watched.node != node:
+        if watched.changes != changes:
             return  # the node changed while it was probed: that verdict is of another node
         if result.rdev and result.rdev != f"{node.major}:{node.minor}":
             self.link.restart()  # the prober's device is not the host's node now

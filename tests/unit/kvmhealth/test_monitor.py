@@ -171,6 +171,28 @@ async def test_a_verdict_on_a_node_swapped_while_probed_is_dropped(tmp_path: Pat
     assert h.told == [(KVM.name, Reason.NOT_KVM), (KVM.name, Reason.PASSED)]
 
 
+async def test_a_verdict_from_while_the_node_was_gone_is_dropped_once_it_is_back(
+    tmp_path: Path, stopped: list[Harness]
+) -> None:
+    """CI's trace test: a periodic probe ran while the node was removed, and its 'missing'
+    came after the same node was back, flipping the resource Unhealthy for a moment."""
+    gone = asyncio.Event()
+    prober = FakeProber(answer=lambda path: Reason.MISSING if gone.is_set() else Reason.PASSED, delay=0.1)
+    h = Harness(tmp_path, prober)
+    stopped.append(h)
+    await h.start(KVM)
+    h.discover()
+    await until(lambda: len(prober.paths) == 1, "probing")
+    h.discover(0)  # removed mid-probe, the probe finds it missing ...
+    gone.set()
+    h.discover()  # ... and the same node back before that verdict arrives
+    await until(lambda: len(prober.paths) == 2, "the node probed again")
+    gone.clear()
+    await until(lambda: len(h.told) == 2, "told")
+    await asyncio.sleep(0.15)
+    assert h.told == [(KVM.name, None), (KVM.name, Reason.PASSED)]
+
+
 async def test_the_reason_gauge_names_the_current_verdicts_reason(tmp_path: Path, stopped: list[Harness]) -> None:
     """What AteDevpluginKvmProbeFailing names: the reason of the verdict that holds now, which
     the counter cannot tell once a failure decided at an event (not-a-kvm-device) stops counting."""
