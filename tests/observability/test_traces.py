@@ -15,8 +15,11 @@ KVM = "ate.dev/kvm"
 SERVER, CLIENT, INTERNAL = 2, 3, 1  # OTLP SpanKind numbers
 
 
-def named(name: str) -> object:
-    return lambda s: s.name == name
+def only(spans: list[ReceivedSpan], what: str) -> ReceivedSpan:
+    """The one span of ``spans``; else a failure that shows them all."""
+    shown = "\n".join(f"  {s.name} {s.attributes} parent={s.parent_span_id} span={s.span_id}" for s in spans)
+    assert len(spans) == 1, f"{len(spans)} spans of {what}, not one:\n{shown}"
+    return spans[0]
 
 
 def test_spans_follow_rpc_conventions_and_link_causes(
@@ -60,32 +63,39 @@ def test_spans_follow_rpc_conventions_and_link_causes(
     assert "service.version" in resource
 
     # Server spans of the kubelet's calls, with RPC attributes and status.
-    (allocate,) = find("v1beta1.DevicePlugin/Allocate")
+    allocate = only(find("v1beta1.DevicePlugin/Allocate"), "Allocate")
     assert allocate.kind == SERVER
     assert allocate.attributes["rpc.system"] == "grpc"
     assert allocate.attributes["rpc.service"] == "v1beta1.DevicePlugin"
     assert allocate.attributes["rpc.method"] == "Allocate"
     assert allocate.attributes["rpc.grpc.status_code"] == 0
     assert allocate.attributes["ate_devplugin.resource_name"] == KVM
-    assert len(find("v1beta1.DevicePlugin/GetDevicePluginOptions")) == 2  # one per registration
     assert find("v1beta1.DevicePlugin/GetPreferredAllocation")
 
-    # Register is a client span; the one after the restart is a child of the restart.
+    # Register is a client span; the one after the restart is a child of the restart. The
+    # new kubelet removes our socket as it starts: serving anew may register with it before
+    # its own socket's change is seen, and the restart then registers once more.
+    # That first attempt is abandoned (CANCELLED) if the restart is seen while it runs.
     registers = find("v1beta1.Registration/Register")
-    assert len(registers) == 2
-    assert all(r.kind == CLIENT and r.attributes["rpc.grpc.status_code"] == 0 for r in registers)
-    (restart,) = find("kubelet restart")
+    assert all(r.kind == CLIENT for r in registers)
+    codes = sorted(r.attributes["rpc.grpc.status_code"] for r in registers)
+    assert codes in ([0, 0], [0, 0, 0], [0, 0, 1]), codes
+    # One per registration the kubelet received (an abandoned one may have been).
+    assert 2 <= len(find("v1beta1.DevicePlugin/GetDevicePluginOptions")) <= len(registers)
+    restart = only(find("kubelet restart"), "the kubelet restart")
     assert restart.kind == INTERNAL
     assert any(r.parent_span_id == restart.span_id and r.trace_id == restart.trace_id for r in registers)
 
-    # Each ListAndWatch update is its own short span; a device change parents the update it causes.
+    # Each ListAndWatch update is its own short span; a device change parents the update it
+    # causes on every stream open then (the killed kubelet's may not have ended yet).
     updates = find("v1beta1.DevicePlugin/ListAndWatch update")
     assert len(updates) >= 4  # two connects, one loss, one return
     assert {u.attributes["ate_devplugin.units"] for u in updates} == {4096}
     changes = [c for c in find("device change") if c.attributes["ate_devplugin.health"] == "Unhealthy"]
-    (loss,) = changes
-    (loss_update,) = [u for u in updates if u.parent_span_id == loss.span_id]
-    assert loss_update.attributes["ate_devplugin.health"] == "Unhealthy"
+    loss = only(changes, "the device's loss")
+    caused = [u for u in updates if u.parent_span_id == loss.span_id]
+    assert caused
+    assert all(u.attributes["ate_devplugin.health"] == "Unhealthy" and u.trace_id == loss.trace_id for u in caused)
     assert all(u.end_ns - u.start_ns < 5e9 for u in updates)
 
     # The Allocate histogram's exemplar points at the received Allocate span's trace.

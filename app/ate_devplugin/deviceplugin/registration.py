@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Tracer
@@ -52,6 +54,9 @@ async def register(
             try:
                 stub = api_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]  # generated code is unannotated
                 await stub.Register(request, timeout=timeout)
+            except asyncio.CancelledError:  # moot: a new kubelet came, or the daemon stops
+                set_rpc_status(span, grpc.StatusCode.CANCELLED.value[0], "CANCELLED", "the attempt was abandoned")
+                raise
             except grpc.aio.AioRpcError as exc:
                 code = exc.code()
                 set_rpc_status(span, code.value[0], code.name, exc.details() or "")

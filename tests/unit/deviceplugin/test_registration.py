@@ -5,7 +5,10 @@ from typing import Any
 
 import grpc
 import pytest
-from opentelemetry.trace import NoOpTracerProvider
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import NoOpTracerProvider, StatusCode
 
 from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
 from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2_grpc
@@ -101,3 +104,28 @@ async def test_no_kubelet_is_unavailable(tmp_path: Path) -> None:
     with pytest.raises(RegistrationError) as caught:
         await register(str(tmp_path / "absent.sock"), "ate-kvm.sock", "ate.dev/kvm", OPTIONS, TRACER, timeout=5)
     assert caught.value.reason == "unavailable"
+
+
+async def test_an_abandoned_attempt_says_so_in_its_span(tmp_path: Path) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    kubelet = Kubelet(hang=True)
+    server = await serving(kubelet, tmp_path / "kubelet.sock")
+    tracer = provider.get_tracer("test")
+    try:
+        attempt = asyncio.ensure_future(
+            register(str(tmp_path / "kubelet.sock"), "ate-kvm.sock", "ate.dev/kvm", OPTIONS, tracer, timeout=5)
+        )
+        while not kubelet.requests:
+            await asyncio.sleep(0.01)
+        attempt.cancel()  # as the agent does when a new kubelet comes
+        with pytest.raises(asyncio.CancelledError):
+            await attempt
+    finally:
+        await server.stop(0)
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "v1beta1.Registration/Register"
+    assert span.attributes is not None
+    assert span.attributes["rpc.grpc.status_code"] == grpc.StatusCode.CANCELLED.value[0]
+    assert span.status.status_code == StatusCode.ERROR
