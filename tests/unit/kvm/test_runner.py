@@ -73,8 +73,11 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):  # reaped since the kill
+        return False
 
 
 async def test_one_worker_answers_every_probe(prober: Prober, tmp_path: Path) -> None:
@@ -131,6 +134,8 @@ async def test_a_child_that_outlives_its_kill_is_abandoned_and_never_waited_for(
             break
         await asyncio.sleep(0.02)
     assert not alive(stuck)
+    # Reaped while this loop runs: its transport would otherwise call into a closed loop.
+    await asyncio.wait_for(p.abandoned[0].wait(), 5)
 
 
 async def test_a_child_that_dies_or_talks_nonsense_is_a_prober_failure() -> None:
@@ -163,6 +168,7 @@ async def test_a_cancelled_probe_takes_its_worker_with_it() -> None:
             break
         await asyncio.sleep(0.02)
     assert not alive(pid)
+    await asyncio.wait_for(p._dropped[0].wait(), 5)  # reaped while this loop runs
 
 
 async def test_probes_take_turns() -> None:
