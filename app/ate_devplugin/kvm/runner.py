@@ -163,11 +163,18 @@ class Prober:
             await self._discard()
 
     async def close(self) -> None:
-        """Ends the worker within CLOSE_WAIT_S + kill_wait_s, waiting for no abandoned one."""
+        """Ends the worker within CLOSE_WAIT_S + kill_wait_s, then gives those killed by a
+        cancelled probe kill_wait_s to be reaped; waits for no abandoned one."""
         await self._end_worker()
         for worker in (*self.abandoned, *self._dropped):
             if worker.returncode is None:
                 _kill(worker)  # once more: if the kernel ever lets it go, it goes
+        # Reaped while the loop runs: a transport left to the collector calls into a closed loop.
+        reaped = [asyncio.ensure_future(w.wait()) for w in self._dropped if w.returncode is None]
+        if reaped:
+            _, late = await asyncio.wait(reaped, timeout=self.kill_wait_s)
+            for wait in late:
+                wait.cancel()
 
 
 def _failed(device: str, reason: Reason, message: str, elapsed: float) -> ProbeResult:
