@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def _status_fields(path: str) -> dict[str, str]:
@@ -60,9 +61,6 @@ def exact_cpu_seconds(pid: int) -> float:
     if _LIBC.clock_getcpuclockid(pid, ctypes.byref(clock)) != 0:
         raise ProcessLookupError(f"no CPU clock for process {pid}")
     return time.clock_gettime(clock.value)
-
-
-_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def thread_switches(pid: int) -> dict[int, tuple[str, int]]:
