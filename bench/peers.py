@@ -169,6 +169,7 @@ class OurDaemon(Plugin, DeviceNodes):
         work: Path,
         *,
         otlp_endpoint: str | None = None,
+        args: Sequence[str] = (),
     ) -> None:
         super().__init__(ns, resources, units, work)
         self.make_nodes(self.resources, work)
@@ -180,7 +181,7 @@ class OurDaemon(Plugin, DeviceNodes):
             work / "daemon",
             ns=ns,
             config="resources:\n" + "".join(entries),
-            args=["--log-level", "info"],
+            args=["--log-level", "info", *args],
         )
         # Tracing only when asked: never inherit an endpoint from the caller's environment.
         for var in [v for v in self.daemon.env if v.startswith("OTEL_")]:
@@ -412,7 +413,10 @@ class BarePeer:
 
 
 class Env:
-    """A fresh namespace, a kubelet bench (manager started) and one peer in it."""
+    """A fresh namespace, a kubelet bench (manager started) and one peer in it.
+
+    ``pod_resources``: the kubelet bench serves its PodResources API too (1.35+);
+    ``daemon_args``: more arguments for ours."""
 
     def __init__(
         self,
@@ -423,6 +427,8 @@ class Env:
         units: int = UNITS,
         otlp_endpoint: str | None = None,
         work_root: Path | None = None,
+        pod_resources: bool = False,
+        daemon_args: Sequence[str] = (),
     ) -> None:
         self.peer_key = peer
         self.version = version
@@ -433,14 +439,20 @@ class Env:
         self._resources = resources
         self._units = units
         self._otlp = otlp_endpoint
+        self._pod_resources = pod_resources
+        self._daemon_args = tuple(daemon_args)
 
     def open(self, *, start_plugin: bool = True) -> Self:
         self.ns.open()
-        self.kubelet = KubeletBench(self.ns, self.version, verbosity=0, log_dir=self.work / "logs")
+        self.kubelet = KubeletBench(
+            self.ns, self.version, verbosity=0, log_dir=self.work / "logs", pod_resources=self._pod_resources
+        )
         self.kubelet.start()
         ours_domain = self.peer_key in ("ours", GDP, BARE_PLUGIN, BARE_SYNC_PLUGIN)
         names = resource_names("ate.dev" if ours_domain else "example.com", self._resources)
-        self.plugin = make_plugin(self.peer_key, self.ns, names, self._units, self.work, self.version, self._otlp)
+        self.plugin = make_plugin(
+            self.peer_key, self.ns, names, self._units, self.work, self.version, self._otlp, self._daemon_args
+        )
         if start_plugin:
             self.plugin.start()
             self.wait_full()
@@ -487,9 +499,10 @@ def make_plugin(
     work: Path,
     version: str,
     otlp_endpoint: str | None = None,
+    daemon_args: Sequence[str] = (),
 ) -> Plugin:
     if key == "ours":
-        return OurDaemon(ns, resources, units, work, otlp_endpoint=otlp_endpoint)
+        return OurDaemon(ns, resources, units, work, otlp_endpoint=otlp_endpoint, args=daemon_args)
     if key == "go-stub":
         return GoStub(ns, resources, units, work, version=version)
     if key == "go-stub-pref":
