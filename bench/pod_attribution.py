@@ -1,0 +1,479 @@
+"""What knowing which pods hold the device costs, as the node fills: ours with
+``--pod-resources on`` (the default) and ``off``, next to squat/generic-device-plugin.
+
+    python -m bench.pod_attribution [--sizes 0,110,250] [--admissions 1000] [--kubelet 1.35]
+                                    [--generic-device-plugin PATH] [--quick]
+
+Every peer runs in its own namespace next to its own kubelet bench, which also serves the
+kubelet's PodResources API (the kubelet's own server over its device manager,
+tests/kubelet_bench). For each size, the node first holds that many pods with a unit each
+(``vm-workers/worker-<i>``), then:
+
+* ``burst``: admissions back to back through the kubelet, in blocks taking turns between
+  the peers, each pod ending once the next is admitted (the node stays at size + 1). Per
+  admission: CPU (the process's CPU clock, every thread) and wake-ups (context switches of
+  every thread), each block's window closed ``SETTLE_S`` after its last admission so the
+  List it asked for is in it; RSS after.
+* ``paced``: admissions one every ``pace_s`` seconds, longer than the List's coalescing:
+  each is listed on its own. CPU per admission, the idle time between them included.
+* ``lists`` (ours on): the Lists the daemon made per burst admission, and what one List
+  costs at this size, measured in this process with the daemon's own code against the same
+  kubelet's socket: the call (``lister.list_pods``), reading the answer
+  (``answer.read_holdings``), and the whole of ``PodResourcesWatch.list_once`` (the call,
+  the read in its worker thread, the series). ``breakdown`` splits the burst's extra CPU
+  per admission (on minus off) into the Lists and the rest (waking for the kubelet's
+  checkpoint rewrites).
+* ``latency`` (ours on): from the start of an admission until its pod is in /metrics, on a
+  quiet node and for the last pod of a burst.
+
+Then, at the largest size: ``deletion``, from a pod's end until its series is gone (the
+kubelet writes nothing then: the fallback List, ``--pod-resources-interval``), and
+``idle``, every peer left alone for ``idle_s``. Writes
+``bench/results/<UTC time>-pod-attribution.json`` (the figures docs/benchmarks.md and
+chart/README.md quote) and prints its path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shlex
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.trace import NoOpTracer
+from prometheus_client import CollectorRegistry
+
+from ate_devplugin.config import ResourceConfig
+from ate_devplugin.host.devices import Discovery
+from ate_devplugin.observability.metrics import PodResourcesMetrics
+from ate_devplugin.podresources.answer import Wanted, read_holdings
+from ate_devplugin.podresources.lister import list_pods
+from ate_devplugin.podresources.watch import PodResourcesWatch
+from ate_devplugin.settings import PodResourcesSettings
+from bench import machine, procstat
+from bench.peers import GDP, GDP_ENV, Env, gdp_binary, gdp_missing
+from tests.harness.kubelet import (
+    PLUGIN_DIR,
+    POD_RESOURCES_SOCKET,
+    bench_binary,
+    built_versions,
+    missing_prerequisites,
+)
+from tests.harness.net import http_get
+
+log = logging.getLogger("bench")
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MIB = 1024 * 1024
+ON, OFF = "on", "off"
+RESOURCE = "ate.dev/kvm"
+NAMESPACE = "vm-workers"
+# After a block's last admission: longer than the daemon's coalescing of Lists (0.5 s),
+# so the List the block asked for falls in its window. Every peer waits as long.
+SETTLE_S = 1.5
+LABELS = {
+    ON: "ate-devplugin, --pod-resources on (the default)",
+    OFF: "ate-devplugin, --pod-resources off",
+    GDP: "squat/generic-device-plugin (Go)",
+}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    sizes: tuple[int, ...] = (0, 110, 250)
+    admissions: int = 1000  # back to back, per size and peer
+    block: int = 250  # admissions a peer makes before the next one's turn
+    paced: int = 20
+    pace_s: float = 1.0
+    quiet_latencies: int = 5
+    burst_latencies: int = 3
+    burst: int = 50  # admissions of a burst whose last pod's latency is measured
+    list_rounds: int = 50  # Lists per part, in this process
+    idle_s: float = 120.0
+    interval_s: float | None = None  # ours' --pod-resources-interval (None: its default)
+
+
+FULL = Sizes()
+QUICK = Sizes(
+    sizes=(0, 5),
+    admissions=40,
+    block=20,
+    paced=3,
+    pace_s=0.7,
+    quiet_latencies=2,
+    burst_latencies=1,
+    burst=5,
+    list_rounds=5,
+    idle_s=3.0,
+    interval_s=3.0,
+)
+
+
+def _cpu(pids: list[int]) -> float:
+    return sum(procstat.exact_cpu_seconds(p) for p in pids)
+
+
+def _switches(pids: list[int]) -> int:
+    return sum(n for p in pids for _, n in procstat.thread_switches(p).values())
+
+
+class Window:
+    """CPU seconds and context switches of a peer's processes, summed over windows."""
+
+    def __init__(self) -> None:
+        self.cpu_s = 0.0
+        self.switches = 0
+        self.seconds = 0.0
+
+    @contextlib.contextmanager
+    def measure(self, pids: list[int]) -> Iterator[None]:
+        cpu, switches, begin = _cpu(pids), _switches(pids), time.monotonic()
+        yield
+        self.cpu_s += _cpu(pids) - cpu
+        self.switches += _switches(pids) - switches
+        self.seconds += time.monotonic() - begin
+
+
+def _metrics_text(env: Env) -> str:
+    port = env.p.metrics_port()
+    status, body = http_get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    if status != 200:
+        raise RuntimeError(f"/metrics answered {status}")
+    return body.decode()
+
+
+def _lists(env: Env) -> float:
+    text = _metrics_text(env)
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("ate_devplugin_pod_resources_requests_total{") and 'result="success"' in line
+    )
+
+
+def _pod_shown(env: Env, pod: str) -> bool:
+    return f'pod="{pod}"' in _metrics_text(env)
+
+
+class Bench:
+    def __init__(self, sizes: Sizes, release: str, work_root: Path | None = None) -> None:
+        self.s = sizes
+        self.release = release
+        self.work_root = work_root
+        self.envs: dict[str, Env] = {}
+        self.counter = 0
+        self.previous: dict[str, str | None] = {}
+
+    # -- peers ------------------------------------------------------------------
+
+    def open(self) -> None:
+        interval = () if self.s.interval_s is None else ("--pod-resources-interval", f"{self.s.interval_s:g}")
+        args = {ON: ("--pod-resources", "on", *interval), OFF: ("--pod-resources", "off")}
+        peers = [ON, OFF] + ([] if gdp_missing() else [GDP])
+        for key in peers:
+            env = Env(
+                GDP if key == GDP else "ours",
+                self.release,
+                work_root=self.work_root,
+                pod_resources=True,
+                daemon_args=args.get(key, ()),
+            )
+            self.envs[key] = env
+            env.open()
+            self.previous[key] = None
+
+    def close(self) -> None:
+        for env in self.envs.values():
+            env.close()
+
+    def admit(self, key: str) -> str:
+        """One pod admitted (a unit of the resource), the one admitted before it ended."""
+        env = self.envs[key]
+        self.counter += 1
+        pod = f"admitted-{self.counter}"
+        env.k.allocate(pod, "vmm", {RESOURCE: 1}, pod_name=pod, namespace=NAMESPACE)
+        before, self.previous[key] = self.previous[key], pod
+        if before is not None:
+            env.k.remove_pod(before)
+        return pod
+
+    def end_admitted(self) -> None:
+        for key, pod in self.previous.items():
+            if pod is not None:
+                self.envs[key].k.remove_pod(pod)
+            self.previous[key] = None
+
+    def fill(self, size: int) -> None:
+        """Every peer's node holds ``size`` pods with a unit each (more are added, never removed)."""
+        for env in self.envs.values():
+            held = {p["uid"] for p in env.k.pods()}
+            for i in range(size):
+                uid = f"held-{i}"
+                if uid not in held:
+                    env.k.allocate(uid, "vmm", {RESOURCE: 1}, pod_name=f"worker-{i}", namespace=NAMESPACE)
+
+    # -- figures ------------------------------------------------------------------
+
+    def burst(self) -> dict[str, Any]:
+        windows = {key: Window() for key in self.envs}
+        lists_before = _lists(self.envs[ON])
+        done = 0
+        while done < self.s.admissions:
+            n = min(self.s.block, self.s.admissions - done)
+            for key, env in self.envs.items():
+                with windows[key].measure(env.p.pids):
+                    for _ in range(n):
+                        self.admit(key)
+                    time.sleep(SETTLE_S)
+            done += n
+        lists = _lists(self.envs[ON]) - lists_before
+        out: dict[str, Any] = {}
+        for key, w in windows.items():
+            out[key] = {
+                "admissions": done,
+                "cpu_ms_per_admission": round(w.cpu_s * 1000 / done, 4),
+                "switches_per_admission": round(w.switches / done, 2),
+                "rss_mib": round(procstat.total_rss_bytes(self.envs[key].p.pids) / MIB, 1),
+            }
+        out[ON]["lists"] = int(lists)
+        out[ON]["lists_per_admission"] = round(lists / done, 4)
+        return out
+
+    def paced(self) -> dict[str, Any]:
+        windows = {key: Window() for key in self.envs}
+        pids = {key: env.p.pids for key, env in self.envs.items()}
+        stack = contextlib.ExitStack()
+        with stack:
+            for key in self.envs:
+                stack.enter_context(windows[key].measure(pids[key]))
+            tick = time.monotonic()
+            for _ in range(self.s.paced):
+                for key in self.envs:
+                    self.admit(key)
+                tick += self.s.pace_s
+                time.sleep(max(0.0, tick - time.monotonic()))
+        return {
+            key: {
+                "admissions": self.s.paced,
+                "pace_s": self.s.pace_s,
+                "cpu_ms_per_admission": round(w.cpu_s * 1000 / self.s.paced, 4),
+                "switches_per_admission": round(w.switches / self.s.paced, 2),
+            }
+            for key, w in windows.items()
+        }
+
+    def latency(self) -> dict[str, Any]:
+        """From the start of an admission until its pod shows in ours' /metrics."""
+        quiet, burst = [], []
+        for _ in range(self.s.quiet_latencies):
+            time.sleep(SETTLE_S)
+            quiet.append(self._until_shown(lambda: self.admit(ON)))
+        for _ in range(self.s.burst_latencies):
+            time.sleep(SETTLE_S)
+            for _ in range(self.s.burst - 1):
+                self.admit(ON)
+            burst.append(self._until_shown(lambda: self.admit(ON)))
+        return {
+            "quiet_ms": quiet,
+            "quiet_max_ms": max(quiet),
+            "burst_last_ms": burst,
+            "burst_last_max_ms": max(burst),
+        }
+
+    def _until_shown(self, admit: Callable[[], str], timeout_s: float = 30.0) -> float:
+        begin = time.monotonic()
+        pod = admit()
+        while not _pod_shown(self.envs[ON], pod):
+            if time.monotonic() - begin > timeout_s:
+                raise TimeoutError(f"{pod} not in /metrics after {timeout_s:.0f} s")
+            time.sleep(0.01)
+        return round((time.monotonic() - begin) * 1000, 1)
+
+    def deletion(self, size: int) -> dict[str, Any]:
+        """From a held pod's end until its series is gone from ours' /metrics."""
+        env = self.envs[ON]
+        pod = f"worker-{size - 1}"
+        if not _pod_shown(env, pod):
+            raise RuntimeError(f"{pod} is not in /metrics before its end")
+        begin = time.monotonic()
+        env.k.remove_pod(f"held-{size - 1}")
+        bound = self.s.interval_s or 60.0
+        while _pod_shown(env, pod):
+            if time.monotonic() - begin > bound + 30:
+                raise TimeoutError(f"{pod} still in /metrics {bound + 30:.0f} s after its end")
+            time.sleep(0.2)
+        return {"size": size, "gone_s": round(time.monotonic() - begin, 2), "interval_s": bound}
+
+    def lists(self, size: int) -> dict[str, Any]:
+        """What one List costs at this size, in this process, with the daemon's own code."""
+        socket = str(self.envs[ON].ns.path(POD_RESOURCES_SOCKET))
+        return asyncio.run(_list_parts(socket, self.envs[ON].ns.path(PLUGIN_DIR), self.s.list_rounds, size))
+
+    def idle(self) -> dict[str, Any]:
+        windows = {key: Window() for key in self.envs}
+        with contextlib.ExitStack() as stack:
+            for key, env in self.envs.items():
+                stack.enter_context(windows[key].measure(env.p.pids))
+            time.sleep(self.s.idle_s)
+        return {
+            key: {
+                "seconds": round(w.seconds, 1),
+                "cpu_ms_per_s": round(w.cpu_s * 1000 / w.seconds, 4),
+                "switches_per_s": round(w.switches / w.seconds, 2),
+                "rss_mib": round(procstat.total_rss_bytes(self.envs[key].p.pids) / MIB, 1),
+            }
+            for key, w in windows.items()
+        }
+
+    # -- the run --------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"peers": {key: LABELS[key] for key in self.envs}, "sizes": {}}
+        for size in self.s.sizes:
+            log.info("== %d pods on the node", size)
+            self.fill(size)
+            at: dict[str, Any] = {"pods": size}
+            at["burst"] = self.burst()
+            at["paced"] = self.paced()
+            self.end_admitted()
+            at["lists"] = self.lists(size)
+            at["latency"] = self.latency()
+            self.end_admitted()
+            at["ratios"] = _ratios(at, GDP in self.envs)
+            at["breakdown"] = _breakdown(at)
+            out["sizes"][str(size)] = at
+        largest = max(self.s.sizes)
+        if largest:
+            out["deletion"] = self.deletion(largest)
+            self.fill(largest)
+        out["idle"] = self.idle()
+        return out
+
+
+def _ratios(at: dict[str, Any], with_peer: bool) -> dict[str, Any]:
+    def ratio(kind: str, a: str, b: str) -> float:
+        x: float = at[kind][a]["cpu_ms_per_admission"] / at[kind][b]["cpu_ms_per_admission"]
+        return round(x, 3)
+
+    out: dict[str, Any] = {"burst_on_over_off": ratio("burst", ON, OFF), "paced_on_over_off": ratio("paced", ON, OFF)}
+    if with_peer:
+        out["burst_on_over_peer"] = ratio("burst", ON, GDP)
+        out["burst_off_over_peer"] = ratio("burst", OFF, GDP)
+        out["paced_on_over_peer"] = ratio("paced", ON, GDP)
+    return out
+
+
+def _breakdown(at: dict[str, Any]) -> dict[str, Any]:
+    """The burst's extra CPU per admission (on minus off): the Lists, and the rest."""
+    extra = at["burst"][ON]["cpu_ms_per_admission"] - at["burst"][OFF]["cpu_ms_per_admission"]
+    lists = at["burst"][ON]["lists_per_admission"] * at["lists"]["list_once_cpu_ms"]
+    return {
+        "extra_cpu_ms_per_admission": round(extra, 4),
+        "lists_cpu_ms_per_admission": round(lists, 4),
+        "rest_cpu_ms_per_admission": round(extra - lists, 4),
+        "extra_switches_per_admission": round(
+            at["burst"][ON]["switches_per_admission"] - at["burst"][OFF]["switches_per_admission"], 2
+        ),
+    }
+
+
+async def _list_parts(socket: str, plugin_dir: Path, rounds: int, size: int) -> dict[str, Any]:
+    """CPU of one List's parts, in this process (``time.process_time``: every thread)."""
+    await list_pods(socket, 5.0)  # warm: the channel's first setup
+    begin = time.process_time()
+    for _ in range(rounds):
+        data = await list_pods(socket, 5.0)
+    call = (time.process_time() - begin) / rounds
+    wanted = Wanted(frozenset({RESOURCE}))
+    begin = time.process_time()
+    for _ in range(rounds):
+        held = read_holdings(data, wanted)
+    decode = (time.process_time() - begin) / rounds
+    if sum(held.held.values()) < size:
+        raise RuntimeError(f"the List held {sum(held.held.values())} units, fewer than the {size} pods")
+    settings = PodResourcesSettings(
+        pod_resources_socket=socket,
+        pod_resources_interval=60.0,
+        pod_resources_debounce_s=0.5,
+        pod_resources_timeout_s=5.0,
+        plugin_dir=str(plugin_dir),
+        mode="device-plugin",
+    )
+    watch = PodResourcesWatch(settings, PodResourcesMetrics(CollectorRegistry()), NoOpTracer())
+    await watch.on_resources((ResourceConfig(name=RESOURCE, devices=("/dev/bench/kvm",)),))
+    watch.on_discovery({RESOURCE: Discovery(nodes=(), complete=True)})
+    await watch.list_once()  # warm: the worker thread, the series made
+    begin = time.process_time()
+    for _ in range(rounds):
+        await watch.list_once()
+    whole = (time.process_time() - begin) / rounds
+    return {
+        "answer_bytes": len(data),
+        "containers": len(held.held),
+        "call_cpu_ms": round(call * 1000, 4),
+        "read_cpu_ms": round(decode * 1000, 4),
+        "list_once_cpu_ms": round(whole * 1000, 4),
+        "rest_cpu_ms": round((whole - call - decode) * 1000, 4),
+    }
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, for CI (its numbers mean nothing)")
+    parser.add_argument("--sizes", help="pods on the node, comma-separated (default 0,110,250)")
+    parser.add_argument("--admissions", type=int, help="back-to-back admissions per size and peer (default 1000)")
+    parser.add_argument("--kubelet", default="1.35", help="kubelet release of the bench (default 1.35)")
+    parser.add_argument("--generic-device-plugin", type=Path, help=f"the peer's binary (default: ${GDP_ENV})")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    why = missing_prerequisites()
+    if why or args.kubelet not in built_versions():
+        print(f"bench.pod_attribution: {why or f'no kubelet bench {args.kubelet} built'}", file=sys.stderr)
+        return 2
+    if args.generic_device_plugin is not None:
+        os.environ[GDP_ENV] = str(args.generic_device_plugin.resolve())
+    sizes = QUICK if args.quick else FULL
+    if args.sizes:
+        sizes = replace(sizes, sizes=tuple(int(x) for x in args.sizes.split(",")))
+    if args.admissions:
+        sizes = replace(sizes, admissions=args.admissions)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    result: dict[str, Any] = {
+        "command": "python -m bench.pod_attribution " + " ".join(shlex.quote(a) for a in argv),
+        "started_utc": stamp,
+        "mode": "quick" if args.quick else "full",
+        "kubelet_release": args.kubelet,
+        "bench_sizes": asdict(sizes),
+        "machine": machine.describe(bench_binary(args.kubelet), gdp_binary()),
+    }
+    if gdp_missing():
+        result["peer_missing"] = gdp_missing()
+    started = time.monotonic()
+    bench = Bench(sizes, args.kubelet)
+    try:
+        bench.open()
+        result.update(bench.run())
+    finally:
+        bench.close()
+    result["duration_s"] = round(time.monotonic() - started, 1)
+    result["machine"]["loadavg_at_end"] = machine.loadavg()
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    path = args.results_dir / f"{stamp}-pod-attribution.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
