@@ -2,11 +2,13 @@
 ``--pod-resources on`` (the default) and ``off``, next to squat/generic-device-plugin.
 
     python -m bench.pod_attribution [--sizes 0,110,250] [--admissions 1000] [--kubelet 1.35]
-                                    [--generic-device-plugin PATH] [--quick]
+                                    [--generic-device-plugin PATH] [--baseline CHECKOUT] [--quick]
 
 Every peer runs in its own namespace next to its own kubelet bench, which also serves the
 kubelet's PodResources API (the kubelet's own server over its device manager,
-tests/kubelet_bench). For each size, the node first holds that many pods with a unit each
+tests/kubelet_bench). With ``--baseline``, a fourth peer is ours as another checkout of
+this repository has it (``git worktree add /tmp/base <rev>``), ``on``: before beside after,
+in the same rounds. For each size, the node first holds that many pods with a unit each
 (``vm-workers/worker-<i>``), then:
 
 * ``burst``: admissions back to back through the kubelet, in blocks taking turns between
@@ -83,7 +85,7 @@ log = logging.getLogger("bench")
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MIB = 1024 * 1024
-ON, OFF = "on", "off"
+ON, OFF, BASE = "on", "off", "on-baseline"
 RESOURCE = "ate.dev/kvm"
 NAMESPACE = "vm-workers"
 # Between two back-to-back checkpoint rewrites: about an admission's time through the kubelet.
@@ -95,6 +97,7 @@ LABELS = {
     ON: "ate-devplugin, --pod-resources on (the default)",
     OFF: "ate-devplugin, --pod-resources off",
     GDP: "squat/generic-device-plugin (Go)",
+    BASE: "ate-devplugin of the baseline checkout, --pod-resources on",
 }
 
 
@@ -180,9 +183,10 @@ def _pod_shown(env: Env, pod: str) -> bool:
 
 
 class Bench:
-    def __init__(self, sizes: Sizes, release: str, work_root: Path | None = None) -> None:
+    def __init__(self, sizes: Sizes, release: str, baseline: Path | None = None, work_root: Path | None = None) -> None:
         self.s = sizes
         self.release = release
+        self.baseline = baseline
         self.work_root = work_root
         self.envs: dict[str, Env] = {}
         self.counter = 0
@@ -193,7 +197,8 @@ class Bench:
     def open(self) -> None:
         interval = () if self.s.interval_s is None else ("--pod-resources-interval", f"{self.s.interval_s:g}")
         args = {ON: ("--pod-resources", "on", *interval), OFF: ("--pod-resources", "off")}
-        peers = [ON, OFF] + ([] if gdp_missing() else [GDP])
+        args[BASE] = args[ON]
+        peers = [ON, OFF] + ([] if gdp_missing() else [GDP]) + ([BASE] if self.baseline else [])
         for key in peers:
             env = Env(
                 GDP if key == GDP else "ours",
@@ -201,6 +206,7 @@ class Bench:
                 work_root=self.work_root,
                 pod_resources=True,
                 daemon_args=args.get(key, ()),
+                daemon_env={"PYTHONPATH": f"{self.baseline}/app:{self.baseline}"} if key == BASE else None,
             )
             self.envs[key] = env
             env.open()
@@ -238,9 +244,17 @@ class Bench:
 
     # -- figures ------------------------------------------------------------------
 
+    @property
+    def listing(self) -> list[str]:
+        """The peers that list: ours on, and its baseline."""
+        return [key for key in (ON, BASE) if key in self.envs]
+
+    def _lists(self) -> dict[str, float]:
+        return {key: _lists(self.envs[key]) for key in self.listing}
+
     def burst(self) -> dict[str, Any]:
         windows = {key: Window() for key in self.envs}
-        lists_before = _lists(self.envs[ON])
+        lists_before = self._lists()
         done = 0
         while done < self.s.admissions:
             n = min(self.s.block, self.s.admissions - done)
@@ -250,7 +264,7 @@ class Bench:
                         self.admit(key)
                     time.sleep(SETTLE_S)
             done += n
-        lists = _lists(self.envs[ON]) - lists_before
+        lists = self._lists()
         out: dict[str, Any] = {}
         for key, w in windows.items():
             out[key] = {
@@ -259,12 +273,13 @@ class Bench:
                 "switches_per_admission": round(w.switches / done, 2),
                 "rss_mib": round(procstat.total_rss_bytes(self.envs[key].p.pids) / MIB, 1),
             }
-        out[ON]["lists"] = int(lists)
-        out[ON]["lists_per_admission"] = round(lists / done, 4)
+        for key in self.listing:
+            out[key]["lists"] = int(lists[key] - lists_before[key])
+            out[key]["lists_per_admission"] = round((lists[key] - lists_before[key]) / done, 4)
         return out
 
     def paced(self, count: int, pace_s: float) -> dict[str, Any]:
-        lists_before = _lists(self.envs[ON])
+        lists_before = self._lists()
         windows = self._rounds(list(self.envs), self.admit, count, pace_s)
         out: dict[str, Any] = {
             key: {
@@ -275,16 +290,17 @@ class Bench:
             }
             for key, w in windows.items()
         }
-        out[ON]["lists_per_admission"] = round((_lists(self.envs[ON]) - lists_before) / count, 4)
+        for key, lists in self._lists().items():
+            out[key]["lists_per_admission"] = round((lists - lists_before[key]) / count, 4)
         return out
 
     def rewrites(self, count: int, pace_s: float) -> dict[str, Any]:
         """The kubelet's checkpoint rewritten with no admission (by this process, as the
         kubelet writes it), ``count`` times ``pace_s`` apart: what attribution costs ours
         per admission, the Allocate's noise left out."""
-        lists_before = _lists(self.envs[ON])
-        windows = self._rounds([ON, OFF], lambda key: _rewrite_checkpoint(self.envs[key]), count, pace_s)
-        lists = _lists(self.envs[ON]) - lists_before
+        lists_before = self._lists()
+        ours = [key for key in (ON, OFF, BASE) if key in self.envs]
+        windows = self._rounds(ours, lambda key: _rewrite_checkpoint(self.envs[key]), count, pace_s)
         out: dict[str, Any] = {
             key: {
                 "rewrites": count,
@@ -294,7 +310,8 @@ class Bench:
             }
             for key, w in windows.items()
         }
-        out[ON]["lists_per_rewrite"] = round(lists / count, 4)
+        for key, lists in self._lists().items():
+            out[key]["lists_per_rewrite"] = round((lists - lists_before[key]) / count, 4)
         return out
 
     def _rounds(self, keys: list[str], act: Callable[[str], object], count: int, pace_s: float) -> dict[str, Window]:
@@ -393,8 +410,10 @@ class Bench:
             at["lists"] = self.lists(size)
             at["latency"] = self.latency()
             self.end_admitted()
-            at["ratios"] = _ratios(at, GDP in self.envs)
-            at["breakdown"] = _breakdown(at)
+            at["ratios"] = _ratios(at, GDP in self.envs, BASE in self.envs)
+            at["breakdown"] = _breakdown(at, ON)
+            if BASE in self.envs:
+                at["breakdown_baseline"] = _breakdown(at, BASE)
             out["sizes"][str(size)] = at
         largest = max(self.s.sizes)
         if largest:
@@ -412,7 +431,7 @@ def _rewrite_checkpoint(env: Env) -> None:
     os.rename(tmp, path)
 
 
-def _ratios(at: dict[str, Any], with_peer: bool) -> dict[str, Any]:
+def _ratios(at: dict[str, Any], with_peer: bool, with_baseline: bool) -> dict[str, Any]:
     def ratio(kind: str, a: str, b: str) -> float:
         x: float = at[kind][a]["cpu_ms_per_admission"] / at[kind][b]["cpu_ms_per_admission"]
         return round(x, 3)
@@ -423,34 +442,36 @@ def _ratios(at: dict[str, Any], with_peer: bool) -> dict[str, Any]:
         if with_peer:
             out[f"{kind}_on_over_peer"] = ratio(kind, ON, GDP)
             out[f"{kind}_off_over_peer"] = ratio(kind, OFF, GDP)
+        if with_baseline:
+            out[f"{kind}_baseline_over_off"] = ratio(kind, BASE, OFF)
     return out
 
 
-def _breakdown(at: dict[str, Any]) -> dict[str, Any]:
-    """Where the extra CPU per admission of ``on`` goes: the checkpoint's rewrites alone cost
-    it (on minus off, per back-to-back rewrite), of which the Lists (the Lists per rewrite
-    times one List's CPU in this process) and the rest (the rewrites' events and what the
-    daemon does with them); and one List as the daemon pays it, cold (per paced rewrite)."""
-    rewrite = at["rewrites"][ON]["cpu_ms_per_rewrite"] - at["rewrites"][OFF]["cpu_ms_per_rewrite"]
-    lists = at["rewrites"][ON]["lists_per_rewrite"] * at["lists"]["list_once_cpu_ms"]
-    paced = at["rewrites_paced"][ON]["cpu_ms_per_rewrite"] - at["rewrites_paced"][OFF]["cpu_ms_per_rewrite"]
-    return {
-        "extra_cpu_ms_per_admission": round(
-            at["burst"][ON]["cpu_ms_per_admission"] - at["burst"][OFF]["cpu_ms_per_admission"], 4
-        ),
-        "extra_switches_per_admission": round(
-            at["burst"][ON]["switches_per_admission"] - at["burst"][OFF]["switches_per_admission"], 2
-        ),
+def _breakdown(at: dict[str, Any], key: str) -> dict[str, Any]:
+    """Where the extra CPU per admission of ``key`` goes: the checkpoint's rewrites alone
+    cost it (``key`` minus off, per back-to-back rewrite), of which, for ours on, the Lists
+    (the Lists per rewrite times one List's CPU in this process) and the rest (the rewrites'
+    events and what the daemon does with them); and one List as the daemon pays it, cold
+    (per paced rewrite)."""
+
+    def extra(kind: str, figure: str) -> float:
+        x: float = at[kind][key][figure] - at[kind][OFF][figure]
+        return x
+
+    rewrite = extra("rewrites", "cpu_ms_per_rewrite")
+    out = {
+        "extra_cpu_ms_per_admission": round(extra("burst", "cpu_ms_per_admission"), 4),
+        "extra_switches_per_admission": round(extra("burst", "switches_per_admission"), 2),
         "rewrite_cpu_ms": round(rewrite, 4),
-        "rewrite_lists_cpu_ms": round(lists, 4),
-        "rewrite_events_cpu_ms": round(rewrite - lists, 4),
-        "rewrite_switches": round(
-            at["rewrites"][ON]["switches_per_rewrite"] - at["rewrites"][OFF]["switches_per_rewrite"], 2
-        ),
-        "cold_list_cpu_ms": round(paced / at["rewrites_paced"][ON]["lists_per_rewrite"], 4)
-        if at["rewrites_paced"][ON]["lists_per_rewrite"]
-        else None,
+        "rewrite_switches": round(extra("rewrites", "switches_per_rewrite"), 2),
     }
+    if key == ON:
+        lists = at["rewrites"][ON]["lists_per_rewrite"] * at["lists"]["list_once_cpu_ms"]
+        out["rewrite_lists_cpu_ms"] = round(lists, 4)
+        out["rewrite_events_cpu_ms"] = round(rewrite - lists, 4)
+    if paced_lists := at["rewrites_paced"][key]["lists_per_rewrite"]:
+        out["cold_list_cpu_ms"] = round(extra("rewrites_paced", "cpu_ms_per_rewrite") / paced_lists, 4)
+    return out
 
 
 async def _list_parts(socket: str, plugin_dir: Path, rounds: int, size: int) -> dict[str, Any]:
@@ -511,6 +532,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--admissions", type=int, help="back-to-back admissions per size and peer (default 1000)")
     parser.add_argument("--kubelet", default="1.35", help="kubelet release of the bench (default 1.35)")
     parser.add_argument("--generic-device-plugin", type=Path, help=f"the peer's binary (default: ${GDP_ENV})")
+    parser.add_argument("--baseline", type=Path, help="a checkout whose daemon runs beside, --pod-resources on")
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
@@ -537,7 +559,10 @@ def main(argv: list[str]) -> int:
     if gdp_missing():
         result["peer_missing"] = gdp_missing()
     started = time.monotonic()
-    bench = Bench(sizes, args.kubelet)
+    baseline = args.baseline.resolve() if args.baseline else None
+    if baseline is not None:
+        result["baseline"] = {"path": str(baseline), "git_revision": machine.git_revision(baseline)}
+    bench = Bench(sizes, args.kubelet, baseline)
     try:
         bench.open()
         result.update(bench.run())
