@@ -16,7 +16,7 @@ daemon uses is importable from here.
 """
 
 from ate_devplugin.config.checks import cdi_name_problem, check_across, resource_from, resources_from_document
-from ate_devplugin.config.errors import MAX_PROBLEMS, ConfigError, Problem, Problems
+from ate_devplugin.config.errors import EXIT_CONFIG, MAX_PROBLEMS, ConfigError, Problem, Problems, config_error
 from ate_devplugin.config.files import (
     MAX_CONFIG_BYTES,
     MAX_YAML_NODES,
@@ -70,6 +70,7 @@ __all__ = [
     "DEFAULT_RESOURCES",
     "DEFAULT_UNITS",
     "DOCUMENT",
+    "EXIT_CONFIG",
     "MAX_CONFIG_BYTES",
     "MAX_DEVICES",
     "MAX_DOMAIN_CHARS",
@@ -96,6 +97,7 @@ __all__ = [
     "ResourceConfig",
     "cdi_name_problem",
     "check_across",
+    "config_error",
     "decode",
     "decode_resources",
     "is_glob",
