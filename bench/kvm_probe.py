@@ -48,7 +48,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ate_devplugin.kvm.runner import Prober
+from ate_devplugin.kvm.runner import ProbeRunner
 from bench import procstat
 from bench.peers import UNITS, Env
 from bench.stats import percentile
@@ -65,7 +65,7 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def _run(prober: Prober, device: str, probes: int) -> tuple[list[float], list[float]]:
+async def _run(prober: ProbeRunner, device: str, probes: int) -> tuple[list[float], list[float]]:
     """Wall seconds per probe as the caller sees it, and each probe's own duration."""
     wall, inside = [], []
     for _ in range(probes):
@@ -81,7 +81,7 @@ async def _run(prober: Prober, device: str, probes: int) -> tuple[list[float], l
 async def _cost(device: str, probes: int, reuse: bool) -> tuple[float, float, list[float], list[float]]:
     """(this process's CPU s, the workers' CPU s, wall, inside) of ``probes`` probes by a
     fresh prober, its workers reaped."""
-    prober = Prober(reuse=reuse)
+    prober = ProbeRunner(reuse=reuse)
     own, children = time.process_time(), _children_cpu()
     try:
         wall, inside = await _run(prober, device, probes)
@@ -101,7 +101,7 @@ def _ms(seconds: float) -> float:
 async def _reused(device: str, probes: int) -> tuple[float, float, list[float], list[float]]:
     """(this process's CPU s, the worker's CPU s, wall, inside) of ``probes`` probes by a
     worker already started and warm, read from the live worker's CPU clock."""
-    prober = Prober(reuse=True)
+    prober = ProbeRunner(reuse=True)
     try:
         await _run(prober, device, 2)
         assert prober._worker is not None
@@ -149,7 +149,7 @@ async def host(period: float, device: str) -> None:
     if not period:
         print("worker 0", flush=True)
         await asyncio.Event().wait()
-    prober = Prober()
+    prober = ProbeRunner()
     first = True
     while True:
         result = await prober.probe(device, PROBE_TIMEOUT_S)

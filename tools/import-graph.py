@@ -42,7 +42,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         "tasks",  # guarded tasks, bounded stops, bounded blocking calls
         "observability",  # metrics, traces, logs, HTTP endpoints
         "host kvm",  # devices, CDI specs, filesystem events, unix-socket servers; KVM's probe and facts
-        "components",  # the protocol the supervisor drives
+        "components kvmstate",  # the protocol the supervisor drives; the KVM state its components tell
         "deviceplugin dra podresources kvmhealth",  # handing out devices (two ways), who holds them, KVM health
         "reload",  # reading the config file again
         "daemon",  # the supervisor

@@ -1,6 +1,7 @@
 """The command line: ate-devplugin run | check-config FILE | probe | verify | version.
 
-Arguments become Settings here; runtime.py builds and runs the daemon from them.
+Arguments become Settings here; runtime.py builds and runs the daemon from them, and is
+imported only by ``run``: the other commands load neither gRPC nor the metrics.
 Exit codes: 0 done, 1 runtime failure, 2 bad configuration or usage (one line per
 problem, no traceback).
 """
@@ -16,11 +17,18 @@ import textwrap
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from ate_devplugin import __version__, runtime
-from ate_devplugin.config import MAX_CONFIG_BYTES, ConfigError, Problem, decode_resources, load_resources, read_bounded
+from ate_devplugin import __version__
+from ate_devplugin.config import (
+    MAX_CONFIG_BYTES,
+    ConfigError,
+    Problem,
+    config_error,
+    decode_resources,
+    load_resources,
+    read_bounded,
+)
 from ate_devplugin.kvm import verify as kvm_verify
 from ate_devplugin.kvm.facts import read_node_facts
-from ate_devplugin.runtime import config_error
 from ate_devplugin.settings import GROUPS, OPTIONS, Option, idle_fields, resolve, value_of
 
 STDIN = "-"
@@ -136,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "check-config":
         return check_config(args.file, args.mode)
     if args.command == "probe":
-        from ate_devplugin.kvmhealth import prober
+        from ate_devplugin.kvm import prober
 
         try:
             devices = prober.parse_devices(args.device or ["ate.dev/kvm=/dev/kvm"])
@@ -151,6 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = resolve(flags, os.environ)
     except ConfigError as exc:
         return config_error(exc)
+    from ate_devplugin import runtime  # grpc, prometheus-client, opentelemetry: only the daemon loads them
+
     return runtime.run(settings)
 
 

@@ -24,7 +24,7 @@ from ate_devplugin.kvm import guest
 from ate_devplugin.kvm.facts import read_node_facts
 from ate_devplugin.kvm.probe import check
 from ate_devplugin.kvm.reasons import Reason
-from ate_devplugin.kvm.runner import Prober
+from ate_devplugin.kvm.runner import ProbeRunner
 from ate_devplugin.kvm.verify import verify
 from tests.harness.devices import DeviceNumber, mknod_char
 from tests.harness.require import require
@@ -84,7 +84,7 @@ async def test_a_0600_kvm_node_probed_as_nobody_is_no_permission() -> None:
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:  # pytest's tmp_path is closed to nobody
         os.chmod(tmp, 0o755)
         node = mknod_char(Path(tmp) / "kvm", DeviceNumber(10, 232), mode=0o600)
-        prober = Prober(command)
+        prober = ProbeRunner(command)
         try:
             result = await prober.probe(str(node), 10)
         finally:
@@ -109,7 +109,7 @@ async def test_a_child_hung_in_kvm_run_is_killed_at_the_parents_deadline() -> No
         "import os, sys; from ate_devplugin.kvm import guest; sys.stdin.readline(); "
         f"guest.run(os.open({KVM!r}, os.O_RDWR), {SPIN!r})"
     )
-    prober = Prober([sys.executable, "-c", hang])
+    prober = ProbeRunner([sys.executable, "-c", hang])
     try:
         start = time.monotonic()
         result = await prober.probe(KVM, 0.5)

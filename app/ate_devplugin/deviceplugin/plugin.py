@@ -20,7 +20,8 @@ from ate_devplugin.deviceplugin.agent import ResourceAgent
 from ate_devplugin.deviceplugin.ports import Ports
 from ate_devplugin.host.devices import Discovery
 from ate_devplugin.host.watcher import FsEvent, Watches
-from ate_devplugin.kvm.probe import ProbeResult
+from ate_devplugin.kvmstate import KvmStates
+from ate_devplugin.observability.logs import SaidOnce
 from ate_devplugin.observability.metrics import Metrics
 from ate_devplugin.settings import DevicePluginSettings
 from ate_devplugin.tasks import Guard
@@ -41,7 +42,9 @@ class DevicePlugin:
         self._guard: Guard | None = None
         self._kubelet = ports.fs.socket_identity(settings.kubelet_socket)  # to tell restarts
         self._stuck: str | None = None
-        self._waiting_said = False  # the info line about a missing kubelet socket
+        self._waiting = SaidOnce()  # the info line about a missing kubelet socket
+        self._kvm: KvmStates = {}  # the KVM state of each probed resource
+        self._found: Mapping[str, Discovery] = {}  # the last discovery, judged again with a KVM state
 
     def change_context(self, resource: str) -> Context | None:
         """The trace context of the resource's last health change (its ``device change`` span)."""
@@ -99,16 +102,25 @@ class DevicePlugin:
             if name not in self.agents:
                 self._add(resource)
 
-    def on_kvm_verdict(self, resource: str, verdict: ProbeResult | None) -> None:
-        """The KVM probe's verdict on a resource: a failure makes its present units Unhealthy."""
-        agent = self.agents.get(resource)
-        if agent is not None:
-            agent.apply_failing(None if verdict is None or verdict.passed else str(verdict.reason))
+    def on_kvm(self, states: KvmStates) -> None:
+        """A failing KVM probe makes its resource's present units Unhealthy."""
+        self._kvm = states
+        for name, agent in self.agents.items():
+            if name in self._found:
+                agent.apply_failing(self._failing(name, self._found[name]))
 
     def on_discovery(self, found: Mapping[str, Discovery]) -> None:
+        self._found = found
         for name, agent in self.agents.items():
+            # The KVM verdict on the node found first: one that is not 10:232 never counts healthy.
+            agent.apply_failing(self._failing(name, found[name]))
             agent.apply_discovery(found[name])
         self._check_kubelet()
+
+    def _failing(self, resource: str, found: Discovery) -> str | None:
+        state = self._kvm.get(resource)
+        verdict = state.verdict_now(found) if state is not None else None
+        return None if verdict is None or verdict.passed else str(verdict.reason)
 
     # --- agents ---------------------------------------------------------------------
 
@@ -136,10 +148,9 @@ class DevicePlugin:
     def _say_waiting(self) -> None:
         """Where the kubelet's socket is awaited: at info once (a wrong --plugin-dir shows
         at once, devices present or not), then at debug on each later check."""
-        level = logging.DEBUG if self._waiting_said else logging.INFO
         socket = self.settings.kubelet_socket
+        level = logging.INFO if self._waiting.new(socket) else logging.DEBUG
         log.log(level, "waiting for the kubelet socket at %s", socket, extra={"socket": socket})
-        self._waiting_said = True
 
     def _check_kubelet(self) -> None:
         """Notices a new kubelet by its socket's identity: a restart, seen once however told."""
@@ -147,7 +158,7 @@ class DevicePlugin:
         if current is None:
             self._say_waiting()
             return
-        self._waiting_said = False
+        self._waiting.over()
         if current == self._kubelet:
             return
         restarted, self._kubelet = self._kubelet is not None, current

@@ -31,7 +31,6 @@ from ate_devplugin.kvm.reasons import Reason, StepError, errno_text
 
 _NO_DRIVER = (errno.ENODEV, errno.ENXIO)
 _DENIED = (errno.EACCES, errno.EPERM)
-_NOT_AN_IOCTL = (errno.ENOTTY, errno.EINVAL)
 # The guest program is x86-64 code: elsewhere the probe stops once the vCPU exists.
 GUEST_MACHINES = frozenset({"x86_64"})
 

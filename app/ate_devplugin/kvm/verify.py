@@ -27,18 +27,18 @@ from typing import TextIO
 from ate_devplugin.kvm import guest
 from ate_devplugin.kvm.facts import NodeFacts
 from ate_devplugin.kvm.probe import ProbeResult
-from ate_devplugin.kvm.runner import Prober
+from ate_devplugin.kvm.runner import ProbeRunner
 
 DEFAULT_TIMEOUT_S = 10.0
 Probe = Callable[[str, float], Awaitable[ProbeResult]]
 
 
 async def _probe_once(device: str, timeout: float) -> ProbeResult:
-    prober = Prober(reuse=False)
+    runner = ProbeRunner(reuse=False)
     try:
-        return await prober.probe(device, timeout)
+        return await runner.probe(device, timeout)
     finally:
-        await prober.close()
+        await runner.close()
 
 
 def lines(result: ProbeResult, node: NodeFacts) -> list[str]:

@@ -1,6 +1,6 @@
-"""Socket mode (``--kvm-probe socket``): the monitor and the real prober client
-(kvmhealth/prober.py) over a real unix socket; only the probe itself is faked (its worker
-is tested in tests/unit/kvm/test_runner.py, the real device in tests/kvm)."""
+"""Socket mode (``--kvm-probe socket``): the KVM health component and the real prober
+(kvm/prober.py) over a real unix socket; only the probe itself is faked (its worker is
+tested in tests/unit/kvm/test_runner.py, the real device in tests/kvm)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from ate_devplugin.kvm.probe import ProbeResult
+from ate_devplugin.kvm.prober import serve
 from ate_devplugin.kvm.reasons import Reason
+from ate_devplugin.kvm.wire import Hello
 from ate_devplugin.kvmhealth.link import ProberLink
-from ate_devplugin.kvmhealth.prober import serve
 from tests.unit.kvmhealth.test_monitor import KVM, FakeProber, Harness, until
 
 
@@ -49,9 +50,8 @@ async def test_unverified_until_the_prober_reports_then_its_verdicts_count(
         answers["reason"] = Reason.RUN
         await until(lambda: h.told[-1:] == [(KVM.name, Reason.RUN)], "the next period's failure")
         assert h.health.readiness()[1].startswith("KVM probe failed: run-failed: /dev/kvm: ")
-        link = h.health.link
-        assert link is not None
-        assert link.hello == {"pod": "ns/prober", "devices": {KVM.name: "/dev/kvm"}}
+        assert h.link is not None
+        assert h.link.hello == Hello("ns/prober", {KVM.name: "/dev/kvm"})
         assert not prober.done()
         assert "probed ate.dev/kvm (/dev/kvm): run-failed: /dev/kvm: run-failed" in caplog.text
     finally:
@@ -69,8 +69,8 @@ async def test_a_prober_gone_past_its_grace_takes_its_verdict_with_it(harness: H
     with contextlib.suppress(asyncio.CancelledError):
         await prober
     # Within the grace the last verdict holds; then none (existence alone), state prober-gone.
-    assert h.health.verdict(KVM.name) is not None
-    await until(lambda: h.health.verdict(KVM.name) is None, "dropped after the grace", 2.0)
+    assert h.verdict() is not None
+    await until(lambda: h.verdict() is None, "dropped after the grace", 2.0)
     assert h.told[-1] == (KVM.name, None)
     assert h.sample("ate_devplugin_kvm_probe_state", state="prober-gone") == 1
     assert h.health.readiness()[1].startswith("KVM probe: no prober for ")
@@ -176,8 +176,8 @@ async def test_a_stopping_daemon_leaves_the_next_ones_socket(tmp_path: Path) -> 
     """A rollout with overlap (1.37+): the new daemon serves the path before the old stops."""
     path = str(tmp_path / "run/prober.sock")
     old, new = ProberLink(path, 60.0), ProberLink(path, 60.0)
-    await old.start()
-    await new.start()
+    await old.start(lambda: None, lambda away_s: None)
+    await new.start(lambda: None, lambda away_s: None)
     await old.close()
     assert Path(path).is_socket()
     await new.close()

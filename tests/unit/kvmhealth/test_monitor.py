@@ -16,18 +16,24 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from ate_devplugin.components import Notice
 from ate_devplugin.config import ResourceConfig
 from ate_devplugin.host.devices import DeviceNode, Discovery
+from ate_devplugin.kvm.facts import NodeFacts
 from ate_devplugin.kvm.probe import ProbeResult
 from ate_devplugin.kvm.reasons import Reason
-from ate_devplugin.kvm.runner import Prober
-from ate_devplugin.kvmhealth.monitor import REASONS, KvmHealth
+from ate_devplugin.kvm.runner import ProbeRunner
+from ate_devplugin.kvmhealth.health import REASONS, KvmHealth
+from ate_devplugin.kvmhealth.link import ProberLink
+from ate_devplugin.kvmhealth.probes import LocalProbes
+from ate_devplugin.kvmstate import KvmChanged, KvmStates
 from ate_devplugin.observability.metrics import KvmMetrics
 from ate_devplugin.settings import KvmHealthSettings
 from ate_devplugin.tasks import Guard
 
 KVM = ResourceConfig(name="ate.dev/kvm", devices=("/dev/kvm",))
 TUN = ResourceConfig(name="ate.dev/tun", devices=("/dev/net/tun",))
+NODE = NodeFacts("amd64", "GenuineIntel", 6, 167, 1, "Intel(R) Xeon(R) Processor", True, "pvm", "6.18.44-fc")
 
 
 class FakeProber:
@@ -50,10 +56,13 @@ class FakeProber:
 
 
 class Harness:
+    """The component as the daemon builds it (runtime.kvm_health), its notices heard as the
+    other components hear them: ``told`` lists each resource's verdict as it changed."""
+
     def __init__(
         self,
         tmp_path: Path,
-        prober: FakeProber | Prober,
+        runner: FakeProber | ProbeRunner,
         period: float = 0.0,
         timeout: float = 5.0,
         mode: str = "local",
@@ -70,10 +79,27 @@ class Harness:
             nfd_features_dir="",
         )
         self.registry = CollectorRegistry()
-        self.health = KvmHealth(settings, KvmMetrics(self.registry), prober, rng=lambda: 0.5)
+        self.link = ProberLink(self.socket, settings.prober_grace_s) if mode == "socket" else None
+        probes = self.link or LocalProbes(self.root, runner)
+        self.health = KvmHealth(settings, KvmMetrics(self.registry), probes, NODE, rng=lambda: 0.5)
+        self.states: KvmStates = {}
         self.told: list[tuple[str, Reason | None]] = []
-        self.health.listeners.append(lambda name, v: self.told.append((name, v.reason if v else None)))
+        self.health.tell_to(self.heard)
         self.died: list[str] = []
+
+    def heard(self, notice: Notice) -> None:
+        """A resource's state told anew (a new verdict, or none) or gone; not one just added."""
+        assert isinstance(notice, KvmChanged)
+        for name in sorted({*self.states, *notice.states}):
+            before, after = self.states.get(name), notice.states.get(name)
+            if after is None or (before is not None and after is not before):
+                self.told.append((name, after.verdict.reason if after and after.verdict else None))
+        self.states = notice.states
+
+    def verdict(self) -> ProbeResult | None:
+        """The KVM resource's verdict, as last told."""
+        state = self.states.get(KVM.name)
+        return state.verdict if state else None
 
     async def start(self, *resources: ResourceConfig) -> None:
         await self.health.start(resources, Guard(lambda name, error: self.died.append(name)))
@@ -110,7 +136,7 @@ async def test_a_node_that_is_not_kvms_fails_at_once_unopened(tmp_path: Path, st
     h.discover(1, 3)
     # Told within the discovery's own call: no probe, no await.
     assert h.told == [(KVM.name, Reason.NOT_KVM)]
-    verdict = h.health.verdict(KVM.name)
+    verdict = h.verdict()
     assert verdict is not None
     assert verdict.message == "/dev/kvm: character device 1:3 is not KVM's 10:232: not opened"
     assert h.health.readiness() == (True, f"KVM probe failed: not-a-kvm-device: {verdict.message} (ate.dev/kvm)")
@@ -138,7 +164,7 @@ async def test_a_kvm_node_is_probed_under_the_device_root_on_each_change(
     assert h.health.readiness() == (True, "KVM probe: no verdict yet (ate.dev/kvm)")
     await until(lambda: len(h.told) == 1, "a verdict")
     assert prober.paths == [f"{h.root}/kvm"]
-    verdict = h.health.verdict(KVM.name)
+    verdict = h.verdict()
     assert verdict is not None
     assert (verdict.device, verdict.message) == ("/dev/kvm", "/dev/kvm: passed")  # the host's path
     h.discover()  # the same node: nothing to probe
@@ -224,7 +250,7 @@ async def test_probes_repeat_every_period_and_a_failure_is_logged_once(
     prober = FakeProber(lambda path: next(answers, Reason.PASSED))
     h = Harness(tmp_path, prober, period=0.02)
     stopped.append(h)
-    caplog.set_level(logging.INFO, "ate_devplugin.kvmhealth.monitor")
+    caplog.set_level(logging.INFO, "ate_devplugin.kvmhealth.health")
     await h.start(KVM)
     h.discover()
     await until(lambda: len(prober.paths) >= 6, "periodic probes")
@@ -237,19 +263,19 @@ async def test_probes_repeat_every_period_and_a_failure_is_logged_once(
 
 
 async def test_the_real_worker_says_a_missing_node_is_missing(tmp_path: Path, stopped: list[Harness]) -> None:
-    h = Harness(tmp_path, Prober())
+    h = Harness(tmp_path, ProbeRunner())
     stopped.append(h)
     await h.start(KVM)
     h.discover()  # discovery says 10:232, but no node is there when the worker opens it
     await until(lambda: len(h.told) == 1, "a verdict", timeout=10)
-    verdict = h.health.verdict(KVM.name)
+    verdict = h.verdict()
     assert verdict is not None
     assert verdict.reason is Reason.MISSING
     assert verdict.message == "/dev/kvm: no such device node"
 
 
 async def test_a_hung_probe_is_a_timed_out_verdict_and_does_not_hold_the_stop(tmp_path: Path) -> None:
-    hangs = Prober([sys.executable, "-c", "import sys, time; sys.stdin.readline(); time.sleep(600)"])
+    hangs = ProbeRunner([sys.executable, "-c", "import sys, time; sys.stdin.readline(); time.sleep(600)"])
     h = Harness(tmp_path, hangs, timeout=0.3)
     await h.start(KVM)
     h.discover()
