@@ -194,12 +194,10 @@ def components(
     # A DRA driver answers with CDI names only: then every resource needs its spec.
     specs = specs or cdi.CdiSpecs(part.cdi_dir, metrics, every_resource=kube is not None)
     built: list[Component] = []
-    kvm_part = settings.part(KvmHealthSettings)
-    if kvm_part.kvm_probe in ("local", "socket"):
-        built += kvm_health(kvm_part, metrics)
+    built += kvm_health(settings.part(KvmHealthSettings), metrics)
     plugin = None
-    if part.device_plugin:
-        plugin_part = settings.part(DevicePluginSettings)
+    plugin_part = settings.part(DevicePluginSettings)
+    if plugin_part.serves_resources or plugin_part.serves_probers:
         ports = ports or host_ports(plugin_part, metrics, tracing, specs)
         plugin = DevicePlugin(plugin_part, ports, metrics, tracing.tracer)
         built.append(plugin)
@@ -228,22 +226,27 @@ def components(
 
 
 def kvm_health(part: KvmHealthSettings, metrics: Metrics) -> list[Component]:
-    """The KVM health component, the daemon probing itself or the prober pod asked over its
-    socket; and with ``--nfd-features-dir`` the feature file that renders its state."""
+    """The KVM health component, whoever probes (the daemon itself, the prober pod asked over
+    its socket, or nobody: the 10:232 check alone); and with ``--nfd-features-dir`` the feature
+    file that renders its state."""
     from ate_devplugin.kvm.facts import read_node_facts
     from ate_devplugin.kvmhealth.health import KvmHealth
-    from ate_devplugin.kvmhealth.probes import LocalProbes, Probes
+    from ate_devplugin.kvmhealth.probes import LocalProbes, NoProbes, Probes
     from ate_devplugin.observability.metrics import KvmMetrics
 
+    kvm_metrics = KvmMetrics(metrics.registry)
     probes: Probes
     if part.kvm_probe == "socket":
         from ate_devplugin.kvmhealth.link import ProberLink
 
-        probes = ProberLink(part.kvm_probe_socket, part.prober_grace_s)
-    else:
+        prober = (part.kvm_prober_uid, part.kvm_prober_gid)
+        probes = ProberLink(part.kvm_probe_socket, part.prober_grace_s, prober, kvm_metrics)
+    elif part.kvm_probe == "local":
         probes = LocalProbes(part.device_root)
-    built: list[Component] = [KvmHealth(part, KvmMetrics(metrics.registry), probes, read_node_facts())]
-    if part.nfd_features_dir:
+    else:
+        probes = NoProbes()
+    built: list[Component] = [KvmHealth(part, kvm_metrics, probes, read_node_facts())]
+    if part.nfd_features_dir and part.kvm_probe != "off":
         from ate_devplugin.kvmhealth.labels import FeatureFile
 
         built.append(FeatureFile(part.nfd_features_dir, DRA_DRIVER))

@@ -21,6 +21,7 @@ from tests.harness.kubelet import BenchError, KubeletBench, Namespace
 from tests.harness.wait import wait_until
 
 KVM = "ate.dev/kvm"
+PROBER = "ate.dev/kvm-prober"
 UNITS = 4096
 NULL = DeviceNumber(1, 3)
 REAL_KVM = DeviceNumber(10, 232)
@@ -82,12 +83,14 @@ def test_a_swap_to_null_and_back_is_followed(kubelet: KubeletBench, daemon: Make
     assert len(failures) == 1  # once while it lasted, however many periodic probes
 
 
-def test_a_kvm_node_that_cannot_be_opened_fails_the_probe_until_it_can(
+def test_a_kvm_node_the_probe_cannot_open_is_said_and_judged_by_existence_until_it_can(
     kubelet: KubeletBench, kubelet_ns: Namespace, daemon: MakeDaemon, device_root: Path
 ) -> None:
     """The real 10:232 node put on a nodev mount at run time: existence and the device
-    number still say KVM, only opening it (the probe, in its child process) says no. No
-    filesystem event tells of a remount: the periodic probe (1 s here) finds it, both ways."""
+    number still say KVM, only opening it (the probe, in its child process) says no. A probe
+    that may not open the device cannot judge it: the units stay Healthy (existence), the
+    state is cannot-probe and /readyz says why. No filesystem event tells of a remount: the
+    periodic probe (1 s here) finds it, both ways."""
     root = str(device_root)
 
     def mount(*options: str) -> None:
@@ -95,19 +98,45 @@ def test_a_kvm_node_that_cannot_be_opened_fails_the_probe_until_it_can(
 
     d = daemon(env=FAST)
     kubelet.wait(KVM, capacity=UNITS, allocatable=UNITS, timeout=30)
+    wait_until(lambda: d.metric("ate_devplugin_kvm_probe_state", resource_name=KVM, state="passed") == 1, 10, "pass")
     mount("--bind")
-    waiting = kubelet.begin_wait(KVM, capacity=UNITS, allocatable=0, timeout=5)
-    denied = time.monotonic_ns()
     mount("-o", "remount,bind,nodev")
-    print(f"nodev -> allocatable 0 in {(waiting.result().done_monotonic_ns - denied) / 1e6:.0f} ms (period 1 s)")
-    assert "KVM probe failed: no-permission: /dev/kvm: opening character device 10:232: EACCES" in readyz(d)
-    assert d.metric("ate_devplugin_kvm_probes_total", resource_name=KVM, reason="no-permission") >= 1
+    wait_until(lambda: d.metric("ate_devplugin_kvm_probe_state", resource_name=KVM, state="cannot-probe") == 1, 10,
+               "cannot-probe")  # fmt: skip
+    assert "KVM probe could not judge the device: no-permission: /dev/kvm: opening character device 10:232: EACCES" in (
+        readyz(d)
+    )
+    assert d.metric("ate_devplugin_kvm_probe_reason", resource_name=KVM, reason="no-permission") == 1
+    kubelet.wait(KVM, capacity=UNITS, allocatable=UNITS, timeout=5)  # existence: still every unit
+    assert d.metric("ate_devplugin_devices", resource_name=KVM, health="unhealthy") == 0
 
-    waiting = kubelet.begin_wait(KVM, capacity=UNITS, allocatable=UNITS, timeout=5)
-    allowed = time.monotonic_ns()
     mount("-o", "remount,bind,dev")
-    print(f"nodev lifted -> allocatable {UNITS} in {(waiting.result().done_monotonic_ns - allowed) / 1e6:.0f} ms")
-    assert d.metric("ate_devplugin_kvm_probe_state", resource_name=KVM, state="passed") == 1
+    wait_until(lambda: d.metric("ate_devplugin_kvm_probe_state", resource_name=KVM, state="passed") == 1, 10, "pass")
+    assert "KVM probe" not in readyz(d)
+
+
+def test_the_probers_resource_is_there_on_every_node_and_while_the_device_fails(
+    kubelet: KubeletBench, daemon: MakeDaemon, device_root: Path
+) -> None:
+    """Socket mode: ate.dev/kvm-prober is advertised, Healthy, with no KVM on the node (the
+    chart's prober pod is admitted and given nothing) and while ate.dev/kvm fails (a 1:3
+    node): the prober is admitted, and given the node that is there."""
+    (device_root / "kvm").unlink()  # a node without KVM
+    d = daemon(
+        env={
+            "ATE_DEVPLUGIN_KVM_PROBE": "socket",
+            "ATE_DEVPLUGIN_KVM_PROBE_SOCKET": str(device_root.parent / "prober" / "prober.sock"),
+        }
+    )
+    kubelet.wait(PROBER, capacity=4, allocatable=4, timeout=30)
+    kubelet.wait(KVM, present=False, timeout=5)
+    nothing = kubelet.allocate("prober-a", "probe", {PROBER: 1})
+    assert (list(nothing.device_ids), nothing.devices) == ([PROBER], [])
+    add_device_node(device_root, "kvm", NULL)
+    kubelet.wait(KVM, capacity=UNITS, allocatable=0, timeout=10)  # not KVM's: Unhealthy, unopened
+    given = kubelet.allocate("prober-b", "probe", {PROBER: 1})
+    assert [(dev.container_path, dev.host_path) for dev in given.devices] == [("/dev/kvm", "/dev/kvm")]
+    assert d.metric("ate_devplugin_devices", resource_name=PROBER, health="healthy") == 4
 
 
 def test_a_resource_that_is_not_kvm_keeps_the_existence_check(

@@ -195,12 +195,18 @@ def test_the_mode_alone_names_its_source() -> None:
 
 
 def test_dra_settings_default_to_the_kubelet_paths() -> None:
-    default = resolve({}, {"NODE_NAME": "n"}).part(RuntimeSettings)
-    assert (default.mode, default.device_plugin, default.dra) == ("device-plugin", True, False)
+    default = resolve({}, {"NODE_NAME": "n"})
+    assert (default.part(RuntimeSettings).mode, default.part(RuntimeSettings).dra) == ("device-plugin", False)
+    assert default.part(DevicePluginSettings).serves_resources
     both = resolve({"mode": "BOTH"}, {"ATE_DEVPLUGIN_NODE_NAME": "m", "NODE_NAME": "n"})
     runtime = both.part(RuntimeSettings)
     dra = both.part(DraSettings)
-    assert (runtime.device_plugin, runtime.dra, dra.node_name, dra.dra_slots) == (True, True, "m", 32)
+    assert (both.part(DevicePluginSettings).serves_resources, runtime.dra, dra.node_name, dra.dra_slots) == (
+        True,
+        True,
+        "m",
+        32,
+    )
     assert dra.registration_socket == "/var/lib/kubelet/plugins_registry/ate.dev-reg.sock"
     assert dra.socket == "/var/lib/kubelet/plugins/ate.dev/dra.sock"
     # An empty flag or variable is not a name: NODE_NAME is read then.

@@ -1,8 +1,10 @@
-"""The device-plugin component: one agent per configured resource, and the kubelet's identity.
+"""The device-plugin component: one agent per resource it serves, and the kubelet's identity.
 
-It adds and removes agents as the resource list changes, hands each agent its resource's
-discoveries, and tells them of what the filesystem says: a new kubelet (its socket made
-anew), their own socket gone, a directory made (perhaps the plugin directory).
+It serves the configured resources (not in mode dra) and, with the prober, each probed
+resource's prober resource (probers.py). It adds and removes agents as the resource list
+changes, hands each agent its resource's discoveries, and tells them of what the filesystem
+says: a new kubelet (its socket made anew), their own socket gone, a directory made
+(perhaps the plugin directory).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Tracer
 
 from ate_devplugin.config import ResourceConfig
-from ate_devplugin.deviceplugin import events
+from ate_devplugin.deviceplugin import events, probers
 from ate_devplugin.deviceplugin.agent import ResourceAgent
 from ate_devplugin.deviceplugin.ports import Ports
 from ate_devplugin.host.devices import Discovery
@@ -45,6 +47,8 @@ class DevicePlugin:
         self._waiting = SaidOnce()  # the info line about a missing kubelet socket
         self._kvm: KvmStates = {}  # the KVM state of each probed resource
         self._found: Mapping[str, Discovery] = {}  # the last discovery, judged again with a KVM state
+        self._probed: dict[str, str] = {}  # each prober resource served -> the resource it probes
+        self._unserved = SaidOnce(remember=64)  # prober resources that cannot be served, said once
 
     def change_context(self, resource: str) -> Context | None:
         """The trace context of the resource's last health change (its ``device change`` span)."""
@@ -55,7 +59,7 @@ class DevicePlugin:
 
     async def start(self, resources: tuple[ResourceConfig, ...], guard: Guard) -> None:
         self._guard = guard
-        for resource in resources:
+        for resource in self._served(resources).values():
             self._add(resource)
 
     async def stop(self, deadline_s: float) -> list[str]:
@@ -95,7 +99,7 @@ class DevicePlugin:
                         agent.retry_now()
 
     async def on_resources(self, resources: tuple[ResourceConfig, ...]) -> None:
-        wanted = {r.name: r for r in resources}
+        wanted = self._served(resources)
         gone = [n for n in self.agents if n not in wanted or self.agents[n].config != wanted[n]]
         await asyncio.gather(*(self._remove(n) for n in gone))
         for name, resource in wanted.items():
@@ -112,6 +116,10 @@ class DevicePlugin:
     def on_discovery(self, found: Mapping[str, Discovery]) -> None:
         self._found = found
         for name, agent in self.agents.items():
+            probed = self._probed.get(name)
+            if probed is not None:  # a prober's resource: whatever of the device is there, Healthy
+                agent.apply_discovery(Discovery(found[probed].nodes, complete=True))
+                continue
             # The KVM verdict on the node found first: one that is not 10:232 never counts healthy.
             agent.apply_failing(self._failing(name, found[name]))
             agent.apply_discovery(found[name])
@@ -123,6 +131,22 @@ class DevicePlugin:
         return None if verdict is None or verdict.passed else str(verdict.reason)
 
     # --- agents ---------------------------------------------------------------------
+
+    def _served(self, resources: tuple[ResourceConfig, ...]) -> dict[str, ResourceConfig]:
+        """The configured resources it serves, and the prober's resource of each probed one."""
+        served = {r.name: r for r in resources} if self.settings.serves_resources else {}
+        self._probed = {}
+        for probed in (r for r in resources if r.probes_kvm and self.settings.serves_probers):
+            prober = probers.prober_resource(probed)
+            why = probers.problem(prober, {r.name: r for r in resources}, self.settings.socket_path(prober))
+            if why:
+                if self._unserved.new(why, prober.name):
+                    log.error("cannot serve the KVM prober's resource %s: %s", prober.name, why)
+                continue
+            self._unserved.over(prober.name)
+            served[prober.name] = prober
+            self._probed[prober.name] = probed.name
+        return served
 
     def _add(self, resource: ResourceConfig) -> None:
         assert self._guard is not None, "started"

@@ -22,7 +22,7 @@ from ate_devplugin.config import ResourceConfig
 from ate_devplugin.host.devices import DeviceNode, Discovery
 from ate_devplugin.kvm.facts import DeviceFacts, NodeFacts
 from ate_devplugin.kvm.probe import ProbeResult
-from ate_devplugin.kvm.reasons import Reason
+from ate_devplugin.kvm.reasons import CANNOT_PROBE, Reason
 from ate_devplugin.kvmhealth.monitor import Schedule
 from ate_devplugin.kvmhealth.probes import Probes
 from ate_devplugin.kvmstate import KvmChanged, KvmState, failure_text, not_kvm, probed_node
@@ -45,6 +45,7 @@ class _Probed:
     state: KvmState  # as last told
     node: DeviceNode | None = None
     changes: int = 0  # node changes seen: a probe's verdict holds only if none came meanwhile
+    cannot: ProbeResult | None = None  # the probe could not judge the device (CANNOT_PROBE): why
 
     @property
     def verdict(self) -> ProbeResult | None:
@@ -129,9 +130,13 @@ class KvmHealth:
             verdict = probed.verdict
             if verdict is not None and not verdict.passed:
                 said.append(f"{failure_text(verdict)} ({name})")
+            elif probed.cannot is not None:
+                said.append(
+                    f"KVM probe could not judge the device: {probed.cannot.reason}: {probed.cannot.message} ({name})"
+                )
             elif verdict is None and probed.node is not None and self._prober_away_s is not None:
                 said.append(f"KVM probe: no prober for {self._prober_away_s:.0f}s ({name})")
-            elif verdict is None and probed.node is not None:
+            elif verdict is None and probed.node is not None and self.probes.waiting:
                 said.append(f"KVM probe: {self.probes.waiting} ({name})")
         return True, "; ".join(said)
 
@@ -155,9 +160,10 @@ class KvmHealth:
         self._failures.over(name)
 
     def _periodic(self, name: str) -> bool:
-        """Probed again every period only while a verdict holds on a present node."""
+        """Probed again every period only while a probe answered of a present node."""
         probed = self._probed.get(name)
-        return probed is not None and probed.verdict is not None and probed.node is not None
+        answered = probed is not None and (probed.verdict is not None or probed.cannot is not None)
+        return answered and probed is not None and probed.node is not None
 
     async def _probe(self, name: str) -> None:
         probed = self._probed[name]
@@ -196,26 +202,34 @@ class KvmHealth:
 
     def _set(self, probed: _Probed, result: ProbeResult | None) -> None:
         """``None``: no verdict holds, the state is prober-gone while the prober is (a node
-        that changes meanwhile does not hide that it is), else unverified."""
+        that changes meanwhile does not hide that it is), else unverified. A result that says
+        the probe could not judge the device holds no verdict either (existence counts): its
+        state is cannot-probe, with its reason."""
         name = probed.config.name
-        previous = probed.verdict
+        previous = probed.cannot or probed.verdict
         facts: DeviceFacts | None = probed.state.device_facts
+        probed.cannot = result if result is not None and result.reason in CANNOT_PROBE else None
         if result is None:
             self.metrics.set_state(name, "unverified" if self._prober_away_s is None else "prober-gone", REASONS)
             self._failures.over(name)
         else:
             self.metrics.verdicts.labels(name, result.reason).inc()
-            self.metrics.set_state(name, "passed" if result.passed else "failed", REASONS, str(result.reason))
+            state = "cannot-probe" if probed.cannot else "passed" if result.passed else "failed"
+            self.metrics.set_state(name, state, REASONS, str(result.reason))
             self._say(name, previous, result)
             if result.passed and result.device_facts is not None:
                 facts = result.device_facts
-        probed.state = KvmState(probed.config.probed_device, result, self.node_facts, facts)
+        verdict = None if probed.cannot else result
+        probed.state = KvmState(probed.config.probed_device, verdict, self.node_facts, facts)
         self._publish()
 
     def _say(self, name: str, previous: ProbeResult | None, result: ProbeResult) -> None:
         """A failure once while its reason lasts, a pass when it is the first or ends a failure."""
         extra = {"resource": name, "reason": str(result.reason), "device": result.device, "rdev": result.rdev}
-        if not result.passed:
+        if result.reason in CANNOT_PROBE:
+            if self._failures.new(str(result.reason), name):
+                log.warning("KVM probe could not judge the device: %s", result.message, extra=extra)
+        elif not result.passed:
             if self._failures.new(str(result.reason), name):
                 log.warning("KVM probe failed: %s", result.message, extra=extra)
         elif self._failures.over(name) or previous is None:

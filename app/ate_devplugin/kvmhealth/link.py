@@ -2,7 +2,12 @@
 daemon cannot open host devices, so a prober pod that was granted the device probes it
 when asked here (kvm/wire.py is the protocol, kvm/prober.py the other end).
 
-One prober at a time: a new one that says hello replaces the one before (a rolled pod).
+Only the prober speaks for the device: a connection whose peer (SO_PEERCRED) is not the
+prober's uid and gid is refused at once, before it can say anything, and so is one that
+says no hello within ``HELLO_S``; each kind is counted and logged once while it lasts. Where
+the prober runs as the daemon's own uid, the socket's directory is the daemon's alone
+(0700): no other user even reaches the socket. One prober at a time: a new one that says
+hello replaces the one before (a rolled pod); a refused peer never does.
 """
 
 from __future__ import annotations
@@ -11,16 +16,22 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
+import struct
 from collections.abc import Callable
 
 from ate_devplugin.host.devices import DeviceNode
 from ate_devplugin.kvm import wire
 from ate_devplugin.kvm.probe import ProbeResult
 from ate_devplugin.kvm.reasons import Reason
+from ate_devplugin.observability.logs import SaidOnce
+from ate_devplugin.observability.metrics import KvmMetrics
 
 log = logging.getLogger(__name__)
 
 REPLY_SLACK_S = 2.0  # beyond the probe's own timeout, for the prober's worker and the socket
+HELLO_S = 5.0  # a connection that says no hello within this long is closed
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 class ProberLink:
@@ -34,9 +45,16 @@ class ProberLink:
     # A prober may never come (or be admitted): the verdict on the node before is not kept.
     follows_changes = False
 
-    def __init__(self, path: str, grace_s: float) -> None:
+    def __init__(
+        self, path: str, grace_s: float, prober: tuple[int, int], metrics: KvmMetrics, hello_s: float = HELLO_S
+    ) -> None:
+        """``prober``: the uid and gid the prober runs as, the only peer accepted."""
         self.path = path
         self.grace_s = grace_s
+        self.hello_s = hello_s
+        self.prober = prober
+        self.metrics = metrics
+        self._refusals = SaidOnce(remember=8)  # per kind of refusal, the peers said while they last
         self.hello: wire.Hello | None = None  # the connected prober's
         self._came: Callable[[], None] = lambda: None
         self._gone: Callable[[float], None] = lambda away_s: None
@@ -52,10 +70,15 @@ class ProberLink:
         self._came, self._gone = came, gone
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)  # a previous daemon's
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        directory = os.path.dirname(self.path) or "."
+        os.makedirs(directory, exist_ok=True)
+        # The daemon cannot chown (no capability): a prober of its own uid gets a directory
+        # only they reach; one of another uid reaches a socket anyone may connect to, and the
+        # peer check alone tells it from the rest.
+        ours = self.prober[0] == os.geteuid()
+        os.chmod(directory, 0o700 if ours else 0o711)
         self._server = await asyncio.start_unix_server(self._serve, self.path, limit=wire.MAX_LINE)
-        # The prober runs as another (non-root) user; only pods that mount the directory reach it.
-        os.chmod(self.path, 0o666)
+        os.chmod(self.path, 0o600 if ours else 0o666)
         self._inode = os.stat(self.path).st_ino
         self._away()
 
@@ -102,12 +125,29 @@ class ProberLink:
 
     # --- the connection --------------------------------------------------------------
 
+    def _refuse(self, why: str, peer: str, text: str) -> None:
+        self.metrics.prober_refused.labels(why).inc()
+        if self._refusals.new(peer, why):
+            log.warning("refused a connection to the KVM prober's socket: %s", text, extra={"peer": peer})
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            hello = _read(await reader.readline())
-            if not isinstance(hello, wire.Hello):
-                log.warning("a KVM prober connection without hello: closed")
+            uid, gid, pid = _peer(writer)
+            peer = f"uid {uid} gid {gid}"
+            if (uid, gid) != self.prober:
+                expected = f"uid {self.prober[0]} gid {self.prober[1]}"
+                self._refuse("identity", peer, f"{peer} (pid {pid}) is not the prober ({expected})")
                 return
+            try:
+                async with asyncio.timeout(self.hello_s):
+                    hello = _read(await reader.readline())
+            except TimeoutError:
+                hello = None
+            if not isinstance(hello, wire.Hello):
+                self._refuse("no-hello", peer, f"{peer} (pid {pid}) said no hello within {self.hello_s:g}s: closed")
+                return
+            self._refusals.over("identity")
+            self._refusals.over("no-hello")
             if self._writer is not None:
                 self._drop(self._writer)  # a rolled prober pod replaces the old one
             self._writer, self.hello = writer, hello
@@ -171,3 +211,10 @@ def _read(line: bytes) -> wire.Message | None:
         return wire.decode(line) if line else None
     except wire.WireError:
         return None
+
+
+def _peer(writer: asyncio.StreamWriter) -> tuple[int, int, int]:
+    """The connected process's uid, gid and pid, as the kernel saw them at connect."""
+    sock: socket.socket = writer.get_extra_info("socket")
+    pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    return uid, gid, pid

@@ -4,6 +4,8 @@
   bench, ``make demo``) and probes it itself, in kvm/runner.py's child process.
 * link.ProberLink (``--kvm-probe socket``): a prober pod granted the device probes it when
   asked over a unix socket (the chart's daemon cannot open host devices).
+* :class:`NoProbes` (``--kvm-probe off``): nobody probes; a node that is not KVM's 10:232
+  still fails, which needs no open.
 """
 
 from __future__ import annotations
@@ -61,3 +63,20 @@ class LocalProbes:
 
     async def close(self) -> None:
         await self.runner.close()
+
+
+class NoProbes:
+    waiting = ""  # nothing will come: /readyz says nothing of it
+    follows_changes = False  # a verdict of the node before (not 10:232) goes with it
+
+    async def start(self, came: Callable[[], None], gone: Callable[[float], None]) -> None:
+        pass
+
+    async def probe(self, resource: str, node: DeviceNode, timeout: float) -> ProbeResult | None:
+        return None
+
+    def stale(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass

@@ -185,7 +185,8 @@ class Metrics:
 
 
 # --- the KVM probe (resources with health kvm) -------------------------------------------
-KVM_PROBE_STATES = ("unverified", "passed", "failed", "prober-gone")
+KVM_PROBE_STATES = ("unverified", "passed", "failed", "cannot-probe", "prober-gone")
+PROBER_REFUSALS = ("identity", "no-hello")
 PROBE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -214,6 +215,15 @@ class KvmMetrics:
             [*res, "reason"],
             registry=r,
         )
+        self.prober_refused = Counter(
+            f"{PREFIX}_kvm_prober_refused",
+            "Connections to the prober's socket refused (--kvm-probe socket): another identity than the "
+            "prober's (identity), or no hello in time (no-hello).",
+            ["reason"],
+            registry=r,
+        )
+        for why in PROBER_REFUSALS:
+            self.prober_refused.labels(why)
         self.duration = Histogram(
             f"{PREFIX}_kvm_probe_duration_seconds",
             "Time a KVM probe took, its worker's start included.",

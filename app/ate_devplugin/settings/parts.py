@@ -76,10 +76,6 @@ class RuntimeSettings:
     close_s: float
 
     @property
-    def device_plugin(self) -> bool:
-        return self.mode != "dra"
-
-    @property
     def dra(self) -> bool:
         return self.mode != "device-plugin"
 
@@ -97,6 +93,18 @@ class DevicePluginSettings:
     server_stop_grace_s: float
     server_stop_margin_s: float
     agent_stop_s: float
+    mode: str = "device-plugin"
+    kvm_probe: str = "local"
+
+    @property
+    def serves_resources(self) -> bool:
+        """The configured resources (not in mode dra, where the DRA driver serves them)."""
+        return self.mode != "dra"
+
+    @property
+    def serves_probers(self) -> bool:
+        """With the prober (socket mode), its resource beside each probed one, in every mode."""
+        return self.kvm_probe == "socket"
 
     @property
     def kubelet_socket(self) -> str:
@@ -155,6 +163,8 @@ class KvmHealthSettings:
     kvm_probe_period: float
     kvm_probe_timeout: float
     kvm_probe_socket: str
+    kvm_prober_uid: int
+    kvm_prober_gid: int
     nfd_features_dir: str
 
     @property
@@ -224,6 +234,8 @@ def _device_plugin(v: Values, t: Timing) -> DevicePluginSettings:
         server_stop_grace_s=t.server_stop_grace_s,
         server_stop_margin_s=t.server_stop_margin_s,
         agent_stop_s=t.agent_stop_s,
+        mode=v["mode"],
+        kvm_probe=v["kvm_probe"],
     )
 
 
@@ -256,6 +268,8 @@ def _kvm_health(v: Values, t: Timing) -> KvmHealthSettings:
         kvm_probe_period=v["kvm_probe_period"],
         kvm_probe_timeout=v["kvm_probe_timeout"],
         kvm_probe_socket=v["kvm_probe_socket"],
+        kvm_prober_uid=v["kvm_prober_uid"],
+        kvm_prober_gid=v["kvm_prober_gid"],
         nfd_features_dir=v["nfd_features_dir"],
     )
 

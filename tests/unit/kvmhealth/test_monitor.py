@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -25,7 +26,7 @@ from ate_devplugin.kvm.reasons import Reason
 from ate_devplugin.kvm.runner import ProbeRunner
 from ate_devplugin.kvmhealth.health import REASONS, KvmHealth
 from ate_devplugin.kvmhealth.link import ProberLink
-from ate_devplugin.kvmhealth.probes import LocalProbes
+from ate_devplugin.kvmhealth.probes import LocalProbes, NoProbes, Probes
 from ate_devplugin.kvmstate import KvmChanged, KvmStates
 from ate_devplugin.observability.metrics import KvmMetrics
 from ate_devplugin.settings import KvmHealthSettings
@@ -66,7 +67,9 @@ class Harness:
         period: float = 0.0,
         timeout: float = 5.0,
         mode: str = "local",
+        prober: tuple[int, int] | None = None,
     ) -> None:
+        """``prober``: the identity the socket accepts (default: this process's own)."""
         self.root = str(tmp_path / "dev")
         (tmp_path / "dev").mkdir()
         self.socket = str(tmp_path / "run/prober.sock")
@@ -76,12 +79,18 @@ class Harness:
             kvm_probe_period=period,
             kvm_probe_timeout=timeout,
             kvm_probe_socket=self.socket,
+            kvm_prober_uid=0,
+            kvm_prober_gid=0,
             nfd_features_dir="",
         )
         self.registry = CollectorRegistry()
-        self.link = ProberLink(self.socket, settings.prober_grace_s) if mode == "socket" else None
-        probes = self.link or LocalProbes(self.root, runner)
-        self.health = KvmHealth(settings, KvmMetrics(self.registry), probes, NODE, rng=lambda: 0.5)
+        metrics = KvmMetrics(self.registry)
+        identity = prober or (os.geteuid(), os.getegid())
+        self.link = (
+            ProberLink(self.socket, settings.prober_grace_s, identity, metrics, 0.3) if mode == "socket" else None
+        )
+        probes: Probes = self.link or (NoProbes() if mode == "off" else LocalProbes(self.root, runner))
+        self.health = KvmHealth(settings, metrics, probes, NODE, rng=lambda: 0.5)
         self.states: KvmStates = {}
         self.told: list[tuple[str, Reason | None]] = []
         self.health.tell_to(self.heard)
@@ -301,3 +310,49 @@ async def test_a_reloaded_resource_list_adds_and_removes_probes(tmp_path: Path, 
     await h.health.on_resources((TUN,))
     assert h.told[-1] == (KVM.name, None)
     assert h.sample("ate_devplugin_kvm_probe_state", state="passed") is None
+
+
+async def test_a_probe_that_cannot_judge_the_device_leaves_it_to_existence_and_says_so(
+    tmp_path: Path, stopped: list[Harness], caplog: pytest.LogCaptureFixture
+) -> None:
+    """no-permission (the prober may not open it) and prober-failed (its process died) are
+    not verdicts on the device: no verdict holds, the state is cannot-probe with the reason,
+    /readyz and the log say it once; the next probe that passes ends it."""
+    answers = iter([Reason.NO_PERMISSION, Reason.NO_PERMISSION, Reason.PROBER_FAILED, Reason.PASSED])
+    prober = FakeProber(lambda path: next(answers, Reason.PASSED))
+    h = Harness(tmp_path, prober, period=0.02)
+    stopped.append(h)
+    caplog.set_level(logging.INFO, "ate_devplugin.kvmhealth.health")
+    await h.start(KVM)
+    h.discover()
+    await until(lambda: h.told[:1] == [(KVM.name, None)], "told, with no verdict")
+    assert h.sample("ate_devplugin_kvm_probe_state", state="cannot-probe") == 1
+    assert h.sample("ate_devplugin_kvm_probe_reason", reason="no-permission") == 1
+    assert h.health.readiness() == (
+        True,
+        "KVM probe could not judge the device: no-permission: /dev/kvm: no-permission (ate.dev/kvm)",
+    )
+    await until(lambda: h.sample("ate_devplugin_kvm_probe_state", state="passed") == 1, "the pass", 5)
+    assert [r for _, r in h.told[:3]] == [None, None, None]  # every one of them: no verdict
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "KVM probe could not judge the device: /dev/kvm: no-permission",
+        "KVM probe could not judge the device: /dev/kvm: prober-failed",
+        "KVM probe passed: /dev/kvm: passed",
+    ]
+    assert h.health.readiness() == (True, "")
+
+
+async def test_with_the_probe_off_a_node_that_is_not_kvms_still_fails(tmp_path: Path, stopped: list[Harness]) -> None:
+    prober = FakeProber()
+    h = Harness(tmp_path, prober, period=0.02, mode="off")
+    stopped.append(h)
+    await h.start(KVM)
+    h.discover()
+    await asyncio.sleep(0.1)
+    assert (h.told, prober.paths, h.health.readiness()) == ([], [], (True, ""))  # existence alone
+    h.discover(1, 3)
+    assert h.told == [(KVM.name, Reason.NOT_KVM)]
+    h.discover()  # KVM's node back: nothing will probe it, the other node's verdict goes
+    assert h.told == [(KVM.name, Reason.NOT_KVM), (KVM.name, None)]
+    assert prober.paths == []
