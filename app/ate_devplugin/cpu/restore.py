@@ -35,7 +35,7 @@ SCALING = (SCALING_ACCEPT, SCALING_IGNORE, SCALING_REQUIRE)
 DEFAULT_TOLERANCE_PPM = 250  # KVM's tsc_tolerance_ppm default
 PPM = 1_000_000
 
-# Why a node cannot restore, most basic first; the first is the answer's code.
+# An answer's code: restorable, or why not (the most basic reason first, as they are said).
 NO_CPUID = "no-cpuid"
 VENDOR = "vendor"
 IMPLEMENTATION = "kvm-implementation"

@@ -177,5 +177,14 @@ class Prober:
                 wait.cancel()
 
 
+async def probe_once(device: str, timeout: float) -> ProbeResult:
+    """One probe in a worker of its own, for a command (cpu-profile, restorable)."""
+    prober = Prober(reuse=False)
+    try:
+        return await prober.probe(device, timeout)
+    finally:
+        await prober.close()
+
+
 def _failed(device: str, reason: Reason, message: str, elapsed: float) -> ProbeResult:
     return ProbeResult(device=device, reason=reason, message=f"{device}: {message}", duration_s=elapsed)
