@@ -37,7 +37,8 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(layer.split())
     for layer in (
         "ate_devplugin api",  # the version; the generated protocol code
-        "config",  # the config file's model: depends on nothing of ours
+        "cpu",  # x86 CPU features, CPU and restore profiles: pure data
+        "config",  # the config file's model: depends on nothing of ours but the CPU's data
         "settings",  # flags and environment, one part per subsystem
         "tasks",  # guarded tasks, bounded stops, bounded blocking calls
         "observability",  # metrics, traces, logs, HTTP endpoints

@@ -371,6 +371,10 @@ resources:
       {{- end }}
       {{- end }}
     {{- end }}
+    {{- if hasKey . "restore_profiles" }}
+    restore_profiles:
+      {{- toYaml .restore_profiles | nindent 6 }}
+    {{- end }}
 {{- end }}
 {{- end -}}
 

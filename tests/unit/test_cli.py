@@ -210,7 +210,11 @@ def test_the_options_of_run_are_the_table_of_options() -> None:
         assert (action.option_strings, action.metavar) == ([OPTIONS[key].flag], OPTIONS[key].metavar)
 
 
-@pytest.mark.parametrize("command", [(), ("run",), ("check-config",), ("probe",), ("verify",), ("version",)])
+@pytest.mark.parametrize(
+    "command",
+    [(), ("run",), ("check-config",), ("probe",), ("verify",), ("cpu-profile",), ("restore-profile",),
+     ("restorable",), ("version",)],
+)  # fmt: skip
 def test_help_is_plain_text(command: tuple[str, ...]) -> None:
     text = _help(*command)
     for markup in ("``", ":class:", ":func:", ".. ", "**"):
@@ -220,7 +224,7 @@ def test_help_is_plain_text(command: tuple[str, ...]) -> None:
 
 def test_top_level_and_check_config_help() -> None:
     top = " ".join(_help().split())
-    assert "{run,check-config,probe,verify,version}" in top
+    assert "{run,check-config,probe,verify,cpu-profile,restore-profile,restorable,version}" in top
     assert "ATE_DEVPLUGIN_* environment variable" in top
     assert "2 bad configuration or usage" in top
     check = " ".join(_help("check-config").split())

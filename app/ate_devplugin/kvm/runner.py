@@ -184,5 +184,14 @@ class ProbeRunner:
                 wait.cancel()
 
 
+async def probe_once(device: str, timeout: float) -> ProbeResult:
+    """One probe in a worker of its own, for a command (verify, cpu-profile, restorable)."""
+    runner = ProbeRunner(reuse=False)
+    try:
+        return await runner.probe(device, timeout)
+    finally:
+        await runner.close()
+
+
 def _failed(device: str, reason: Reason, message: str, elapsed: float) -> ProbeResult:
     return ProbeResult(device=device, reason=reason, message=f"{device}: {message}", duration_s=elapsed)

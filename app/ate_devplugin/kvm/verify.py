@@ -27,18 +27,10 @@ from typing import TextIO
 from ate_devplugin.kvm import guest
 from ate_devplugin.kvm.facts import NodeFacts
 from ate_devplugin.kvm.probe import ProbeResult
-from ate_devplugin.kvm.runner import ProbeRunner
+from ate_devplugin.kvm.runner import probe_once
 
 DEFAULT_TIMEOUT_S = 10.0
 Probe = Callable[[str, float], Awaitable[ProbeResult]]
-
-
-async def _probe_once(device: str, timeout: float) -> ProbeResult:
-    runner = ProbeRunner(reuse=False)
-    try:
-        return await runner.probe(device, timeout)
-    finally:
-        await runner.close()
 
 
 def lines(result: ProbeResult, node: NodeFacts) -> list[str]:
@@ -103,7 +95,7 @@ async def verify(
     device: str = "/dev/kvm",
     timeout: float = DEFAULT_TIMEOUT_S,
     as_json: bool = False,
-    probe: Probe = _probe_once,
+    probe: Probe = probe_once,
 ) -> int:
     """Probes ``device``, writes the report to ``out``; 0 when it passed, else 1."""
     result = await probe(device, timeout)

@@ -22,7 +22,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
-from ate_devplugin.config import MAX_MESSAGE_BYTES, ConfigError, ResourceConfig, max_units, parse_resources
+from ate_devplugin.config import (
+    MAX_MESSAGE_BYTES,
+    ConfigError,
+    ResourceConfig,
+    max_units,
+    parse_resources,
+    profile_entry,
+)
 
 EXAMPLES = int(os.environ.get("ATE_FUZZ_EXAMPLES", "300"))
 FUZZ = settings(
@@ -56,6 +63,7 @@ def as_resource(r: ResourceConfig) -> dict[str, Any]:
         "cdi": {k: v for k, v in cdi.items() if v is not None},
         "preferred_allocation": r.preferred_allocation,
         **({"health": r.health} if r.health is not None else {}),
+        "restore_profiles": {p.name: profile_entry(p) for p in r.restore_profiles},
     }
 
 
@@ -213,6 +221,26 @@ RESOURCE_OPTIONAL = {
     ),
     "health": st.sampled_from(["exists", "kvm"]),
     "preferred_allocation": st.booleans(),
+    "restore_profiles": st.dictionaries(
+        st.from_regex(r"\A[a-z0-9](?:[a-z0-9_]{0,6}[a-z0-9])?\Z"),
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "features": st.lists(st.sampled_from(["sse4_2", "avx2", "la57", "invtsc", "cpuid_7_0_ebx_22"])),
+                "vendor": st.sampled_from(["GenuineIntel", "AuthenticAMD"]),
+                "kvm_implementations": st.lists(st.sampled_from(["vmx", "svm", "pvm"]), unique=True),
+                "tsc": st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "khz": st.integers(min_value=1, max_value=10_000_000),
+                        "tolerance_ppm": st.integers(min_value=0, max_value=1_000_000),
+                        "scaling": st.sampled_from(["accept", "ignore", "require"]),
+                    },
+                ),
+            },
+        ),
+        max_size=3,
+    ),
 }
 valid_resource = st.fixed_dictionaries(RESOURCE_REQUIRED, optional=RESOURCE_OPTIONAL)
 valid_config = st.fixed_dictionaries({"resources": st.lists(valid_resource, min_size=1, max_size=3)})

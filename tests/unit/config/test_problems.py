@@ -109,7 +109,7 @@ def test_a_list_over_its_bound_is_not_looked_into() -> None:
         (
             "colour: red",
             "resources[0].colour: unknown key (known: allocate, cdi, devices, env, health, mounts, name, permissions, "
-            "preferred_allocation, units)",
+            "preferred_allocation, restore_profiles, units)",
         ),
         ("cdi: {mode: '0666'}", "resources[0].cdi.mode: unknown key (hint: did you mean 'file_mode'?)"),
         (
