@@ -1,8 +1,9 @@
 """The KVM health of each probed resource, as every consumer renders it.
 
 The KVM health component (kvmhealth/) is the one owner of this state: per resource with
-``health: kvm``, the verdict that holds, the node's facts (read once) and what the last
-passing probe learned of the device. It publishes every resource's state at once in a
+``health: kvm``, the verdict that holds, the node's facts (read once), what the last
+passing probe learned of the device, and whether the node can restore each of the
+resource's restore profiles (docs/restore-placement.md). It publishes every resource's state at once in a
 :class:`KvmChanged` notice; a component that renders it (the device plugin's unit health,
 the DRA driver's attributes, taints and health, the NFD feature file) declares
 :class:`HearsKvm`, and the supervisor delivers the notice to it, inside the stall watchdog.
@@ -18,9 +19,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from ate_devplugin.config.model import RESTORE_PREFIX
+from ate_devplugin.cpu.restore import UNKNOWN, Answer, RestoreProfile, restorable
 from ate_devplugin.host.devices import DeviceNode, Discovery
 from ate_devplugin.kvm.attributes import Value, attributes
-from ate_devplugin.kvm.facts import DeviceFacts, NodeFacts
+from ate_devplugin.kvm.facts import DeviceFacts, NodeFacts, cpu_profile
 from ate_devplugin.kvm.probe import ProbeResult
 from ate_devplugin.kvm.reasons import Reason
 
@@ -42,6 +45,18 @@ def probed_node(found: Discovery, device: str) -> DeviceNode | None:
     return next((n for n in found.nodes if n.host_path == device), None)
 
 
+def restore_answers(
+    profiles: tuple[RestoreProfile, ...], node: NodeFacts, device: DeviceFacts | None
+) -> tuple[Answer, ...]:
+    """Whether the node can restore each profile, of its CPU profile (the node's facts and
+    the device's, once a probe passed); unknown until then."""
+    if device is None:
+        unknown = ((UNKNOWN, "no probe has passed here yet: the CPU a guest is given is not known"),)
+        return tuple(Answer(p.name, reasons=unknown) for p in profiles)
+    cpu = cpu_profile(node, device)
+    return tuple(restorable(p, cpu) for p in profiles)
+
+
 def failure_text(verdict: ProbeResult) -> str:
     """What on-call reads of a failing verdict (/readyz, the DRA devices' health)."""
     return f"KVM probe failed: {verdict.reason}: {verdict.message}"
@@ -55,6 +70,7 @@ class KvmState:
     verdict: ProbeResult | None  # the verdict that holds; None: none does, existence alone counts
     node_facts: NodeFacts
     device_facts: DeviceFacts | None = None  # what the last passing probe learned
+    restore: tuple[Answer, ...] = ()  # one per restore profile of the resource (restore_answers)
 
     def verdict_now(self, found: Discovery) -> ProbeResult | None:
         """The verdict on the node ``found`` holds: none while it is absent, not-a-kvm-device
@@ -65,8 +81,13 @@ class KvmState:
         return not_kvm(node) or self.verdict
 
     def attributes(self) -> dict[str, Value]:
-        """The facts as typed attributes (kvm/attributes.py): the node's, and the device's once learned."""
-        return attributes(self.node_facts, self.device_facts)
+        """The facts as typed attributes (kvm/attributes.py): the node's, the device's once
+        learned, and ``restore_<profile>``: whether the node can restore it (false while unknown,
+        so that a selector of one plain term never meets a missing attribute)."""
+        return {**attributes(self.node_facts, self.device_facts), **self.restore_attributes()}
+
+    def restore_attributes(self) -> dict[str, Value]:
+        return {f"{RESTORE_PREFIX}{a.profile}": a.restorable for a in self.restore}
 
 
 KvmStates = Mapping[str, KvmState]  # by resource name: every probed resource

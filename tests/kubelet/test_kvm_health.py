@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import re
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
+import yaml
 
-from ate_devplugin.kvm.facts import read_node_facts
+from ate_devplugin.cpu.features import FEATURES
+from ate_devplugin.kvm.facts import cpu_profile, read_node_facts
+from ate_devplugin.kvm.probe import check
 from tests.harness.daemon import DevicePluginDaemon, MakeDaemon
 from tests.harness.devices import DeviceNumber, add_device_node
 from tests.harness.kubelet import BenchError, KubeletBench, Namespace
@@ -190,3 +194,46 @@ def test_the_facts_become_an_nfd_feature_file(
     assert not list(features.glob(".*"))  # no temporary file left for nfd-worker to skip
     print("feature file:", len(labels), "labels;", path.read_text().splitlines()[0])
     d.stop()
+
+
+def test_restore_profiles_are_answered_on_the_node_and_follow_a_reload(
+    kubelet: KubeletBench, daemon: MakeDaemon, device_root: Path, tmp_path: Path
+) -> None:
+    """The daemon probing this machine's KVM answers each restore profile as a node label
+    (NFD feature file) and a metric, and says why not once in its log; a reload that changes
+    a profile alone flips its answer, with no restart and no re-registration."""
+    result = check("/dev/kvm", 5)
+    assert result.device_facts is not None, result.message
+    node = cpu_profile(read_node_facts(), result.device_facts)
+    lacking = sorted(set(FEATURES) - node.features)[0]  # a feature this KVM does not offer (3dnow on PVM)
+    have = sorted(node.features)[:5]
+
+    def config(more: list[str]) -> str:
+        profiles = {"here": {"features": have}, "more": {"features": more}}
+        return yaml.safe_dump({"resources": [{"name": KVM, "devices": ["/dev/kvm"], "restore_profiles": profiles}]})
+
+    features = tmp_path / "features.d"
+    features.mkdir()
+    d = daemon(config([*have, lacking]), env={"ATE_DEVPLUGIN_NFD_FEATURES_DIR": str(features)})
+    kubelet.wait(KVM, capacity=UNITS, allocatable=UNITS, timeout=30)
+    path = features / "ate-devplugin-kvm"
+
+    def labels() -> dict[str, str]:
+        text = path.read_text() if path.exists() else ""
+        return dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+
+    wait_until(lambda: labels().get("ate.dev/restore_here") == "true", 10, "the answers as labels")
+    assert labels()["ate.dev/restore_more"] == "false"
+    answer = partial(d.metric, "ate_devplugin_kvm_restore_answer", resource_name=KVM, profile="more")
+    assert answer(answer="missing-features") == 1
+    said = [line["msg"] for line in d.log_lines() if line.get("msg", "").startswith("restore profile more")]
+    assert said[-1] == f"restore profile more: not restorable: 1 feature missing: {lacking}"
+    registrations = d.metric("ate_devplugin_registrations_total", resource_name=KVM, result="success")
+
+    assert d.config_path is not None
+    d.config_path.write_text(config(have))  # the lacking feature asked no more
+    wait_until(lambda: labels().get("ate.dev/restore_more") == "true", 10, "the answer flipped")
+    assert answer(answer="restorable") == 1
+    assert d.running()
+    assert d.metric("ate_devplugin_registrations_total", resource_name=KVM, result="success") == registrations
+    print("restore labels:", {k: v for k, v in labels().items() if "restore_" in k})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ate_devplugin.cpu.restore import RestoreProfile
 
@@ -96,6 +96,11 @@ class ResourceConfig:
     health: str | None = None
     # --- what snapshots this node can restore, judged from the KVM probe's CPU profile
     restore_profiles: tuple[RestoreProfile, ...] = ()
+
+    def serves_as(self, other: ResourceConfig) -> bool:
+        """Whether it is served as ``other`` is: equal but for the restore profiles, which
+        change what is said of the node, not what is served (a reload then restarts nothing)."""
+        return replace(self, restore_profiles=()) == replace(other, restore_profiles=())
 
     @property
     def probes_kvm(self) -> bool:

@@ -42,7 +42,8 @@ IMPLEMENTATION = "kvm-implementation"
 FEATURES = "missing-features"
 TSC = "tsc"
 RESTORABLE = "restorable"
-CODES = (RESTORABLE, NO_CPUID, VENDOR, IMPLEMENTATION, FEATURES, TSC)
+UNKNOWN = "unknown"  # no CPU profile of the node yet: no probe has passed since the daemon started
+CODES = (RESTORABLE, UNKNOWN, NO_CPUID, VENDOR, IMPLEMENTATION, FEATURES, TSC)
 
 
 @dataclass(frozen=True)

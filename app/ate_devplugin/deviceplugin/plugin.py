@@ -100,7 +100,7 @@ class DevicePlugin:
 
     async def on_resources(self, resources: tuple[ResourceConfig, ...]) -> None:
         wanted = self._served(resources)
-        gone = [n for n in self.agents if n not in wanted or self.agents[n].config != wanted[n]]
+        gone = [n for n in self.agents if n not in wanted or not wanted[n].serves_as(self.agents[n].config)]
         await asyncio.gather(*(self._remove(n) for n in gone))
         for name, resource in wanted.items():
             if name not in self.agents:

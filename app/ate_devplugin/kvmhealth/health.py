@@ -19,13 +19,14 @@ from dataclasses import dataclass, replace
 
 from ate_devplugin.components import Resources, Tell
 from ate_devplugin.config import ResourceConfig
+from ate_devplugin.cpu.restore import CODES
 from ate_devplugin.host.devices import DeviceNode, Discovery
 from ate_devplugin.kvm.facts import DeviceFacts, NodeFacts
 from ate_devplugin.kvm.probe import ProbeResult
 from ate_devplugin.kvm.reasons import CANNOT_PROBE, Reason
 from ate_devplugin.kvmhealth.monitor import Schedule
 from ate_devplugin.kvmhealth.probes import Probes
-from ate_devplugin.kvmstate import KvmChanged, KvmState, failure_text, not_kvm, probed_node
+from ate_devplugin.kvmstate import KvmChanged, KvmState, failure_text, not_kvm, probed_node, restore_answers
 from ate_devplugin.observability.logs import SaidOnce
 from ate_devplugin.observability.metrics import KvmMetrics
 from ate_devplugin.settings import KvmHealthSettings
@@ -71,6 +72,7 @@ class KvmHealth:
         self._probed: dict[str, _Probed] = {}
         self._prober_away_s: float | None = None  # set while the prober is gone (past its grace)
         self._failures = SaidOnce()  # the failure logged, per resource, while it lasts
+        self._answers = SaidOnce()  # the restore answer logged, per resource and profile, until it changes
         self._tell: Tell | None = None
         self._guard: Guard | None = None
 
@@ -98,11 +100,15 @@ class KvmHealth:
 
     async def on_resources(self, resources: Resources) -> None:
         wanted = {r.name: r for r in resources if r.probes_kvm}
-        for name in [n for n, p in self._probed.items() if wanted.get(n) != p.config]:
+        for name in [n for n, p in self._probed.items() if n not in wanted or not wanted[n].serves_as(p.config)]:
             await self._remove(name)
         for resource in resources:
             if resource.name not in self._probed:
                 self._add(resource)
+            elif (probed := self._probed[resource.name]).config != resource:  # its restore profiles alone
+                self._forget_restore(probed)
+                probed.config = resource
+                probed.state = self._state(probed, probed.state.verdict, probed.state.device_facts)
         self._publish()
 
     def on_discovery(self, found: Mapping[str, Discovery]) -> None:
@@ -146,18 +152,22 @@ class KvmHealth:
         if not resource.probes_kvm:
             return
         assert self._guard is not None, "started"
-        self._probed[resource.name] = _Probed(resource, KvmState(resource.probed_device, None, self.node_facts))
+        probed = self._probed[resource.name] = _Probed(
+            resource, KvmState(resource.probed_device, None, self.node_facts)
+        )
+        probed.state = self._state(probed, None, None)
         self.metrics.add_resource(resource.name, REASONS)
         if self._prober_away_s is not None:
             self.metrics.set_state(resource.name, "prober-gone")  # added by a reload while it is away
         self.schedule.add(resource.name, self._guard)
 
     async def _remove(self, name: str) -> None:
-        del self._probed[name]
+        probed = self._probed.pop(name)
         if not await self.schedule.remove(name, REMOVE_S):
             log.error("the KVM probe of %s did not stop", name)
         self.metrics.remove_resource(name, REASONS)
         self._failures.over(name)
+        self._forget_restore(probed)
 
     def _periodic(self, name: str) -> bool:
         """Probed again every period only while a probe answered of a present node."""
@@ -219,9 +229,23 @@ class KvmHealth:
             self._say(name, previous, result)
             if result.passed and result.device_facts is not None:
                 facts = result.device_facts
-        verdict = None if probed.cannot else result
-        probed.state = KvmState(probed.config.probed_device, verdict, self.node_facts, facts)
+        probed.state = self._state(probed, None if probed.cannot else result, facts)
         self._publish()
+
+    def _state(self, probed: _Probed, verdict: ProbeResult | None, facts: DeviceFacts | None) -> KvmState:
+        """The resource's state, its restore answers with it (said once each, and in the metric)."""
+        config = probed.config
+        answers = restore_answers(config.restore_profiles, self.node_facts, facts)
+        for answer in answers:
+            self.metrics.set_restore(config.name, answer.profile, answer.code, CODES)
+            if self._answers.new(str(answer), f"{config.name} {answer.profile}"):
+                log.info("restore profile %s", answer, extra={"resource": config.name, "profile": answer.profile})
+        return KvmState(config.probed_device, verdict, self.node_facts, facts, answers)
+
+    def _forget_restore(self, probed: _Probed) -> None:
+        for answer in probed.state.restore:
+            self.metrics.remove_restore(probed.config.name, answer.profile, CODES)
+            self._answers.over(f"{probed.config.name} {answer.profile}")
 
     def _say(self, name: str, previous: ProbeResult | None, result: ProbeResult) -> None:
         """A failure once while its reason lasts, a pass when it is the first or ends a failure."""

@@ -1,9 +1,10 @@
 """The node's KVM facts as node labels: the NFD feature file, rendered from the KVM state.
 
 With ``--nfd-features-dir`` (nfd-worker's ``features.d``), every KVM state told rewrites
-kvm/nfd.py's file when its text changes: the node's facts and what the last passing probe
+kvm/nfd.py's file when its text changes: the node's facts, what the last passing probe
 learned of the device (API version, CPUID digest, capabilities, notable CPU features; of the
-first probed resource, by name, whose probe passed once). A failing probe keeps the last
+first probed resource, by name, whose probe passed once) and whether the node can restore
+each restore profile (``ate.dev/restore_<name>=true|false``). A failing probe keeps the last
 pass's facts: the labels say what the node is, the device plugin's health says whether it
 works now. The file stays when the daemon stops (a restarted daemon writes it again;
 nfd-worker drops it once it is deleted).
@@ -38,7 +39,8 @@ class FeatureFile:
         first = states[min(states)]
         learned = next((states[n] for n in sorted(states) if states[n].device_facts is not None), first)
         features = learned.device_facts.cpu_features if learned.device_facts else ()
-        text = nfd.render(nfd.labels(learned.attributes(), features, self.domain))
+        restore = {name: value for state in states.values() for name, value in state.restore_attributes().items()}
+        text = nfd.render(nfd.labels({**learned.attributes(), **restore}, features, self.domain))
         try:
             # A few KiB to a local directory: written on the loop, as the CDI specs are.
             if nfd.write(self.directory, text):

@@ -215,6 +215,14 @@ class KvmMetrics:
             [*res, "reason"],
             registry=r,
         )
+        self.restore = Gauge(
+            f"{PREFIX}_kvm_restore_answer",
+            "1 for whether this node can restore the resource's restore profile: restorable, or the "
+            "first reason it cannot (missing-features, tsc, vendor, kvm-implementation, no-cpuid; unknown "
+            "before a probe passed); 0 for the others.",
+            ["resource_name", "profile", "answer"],
+            registry=r,
+        )
         self.prober_refused = Counter(
             f"{PREFIX}_kvm_prober_refused",
             "Connections to the prober's socket refused (--kvm-probe socket): another identity than the "
@@ -246,6 +254,14 @@ class KvmMetrics:
             self.state.labels(resource, s).set(1 if s == state else 0)
         for r in reasons:
             self.reason.labels(resource, r).set(1 if r == reason else 0)
+
+    def set_restore(self, resource: str, profile: str, answer: str, answers: Iterable[str]) -> None:
+        for a in answers:
+            self.restore.labels(resource, profile, a).set(1 if a == answer else 0)
+
+    def remove_restore(self, resource: str, profile: str, answers: Iterable[str]) -> None:
+        for a in answers:
+            self.restore.remove(resource, profile, a)
 
     def remove_resource(self, resource: str, reasons: Iterable[str]) -> None:
         for s in KVM_PROBE_STATES:

@@ -22,6 +22,7 @@ from ate_devplugin.api.pluginregistration.v1 import api_pb2 as reg
 from ate_devplugin.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from ate_devplugin.components import ClaimsChanged, Notice
 from ate_devplugin.config import DEFAULT_RESOURCES
+from ate_devplugin.cpu.restore import Answer
 from ate_devplugin.dra import service
 from ate_devplugin.dra.kube import ApiError
 from ate_devplugin.dra.plugin import DraPlugin
@@ -99,10 +100,12 @@ class Rig:
         if self.kvm_facts is not None:
             self.tell_kvm(None)
 
-    def tell_kvm(self, verdict: ProbeResult | None, facts: DeviceFacts | None = None) -> None:
+    def tell_kvm(
+        self, verdict: ProbeResult | None, facts: DeviceFacts | None = None, restore: tuple[Answer, ...] = ()
+    ) -> None:
         """The KVM state as the KVM health component tells it (kvmstate.KvmChanged)."""
         assert self.kvm_facts is not None
-        KvmChanged({KVM.name: KvmState("/dev/kvm", verdict, self.kvm_facts, facts)}).deliver(self.plugin)
+        KvmChanged({KVM.name: KvmState("/dev/kvm", verdict, self.kvm_facts, facts, restore)}).deliver(self.plugin)
 
     def sample(self, name: str, **labels: str) -> float | None:
         return self.registry.get_sample_value(name, labels)
@@ -528,9 +531,12 @@ async def test_with_the_kvm_probe_devices_carry_its_facts_taint_and_health(tmp_p
     assert "kvmApiVersion" not in attrs  # not probed yet
 
     learned = DeviceFacts(12, {"max_vcpus": 1024}, "e4da")
-    rig.tell_kvm(verdict(Reason.PASSED, learned), learned)
+    rig.tell_kvm(verdict(Reason.PASSED, learned), learned, (Answer("snap"), Answer("old", reasons=(("tsc", "x"),))))
     await until(lambda: "kvmApiVersion" in rig.api.devices_json()[0]["attributes"], "device facts")
     assert rig.api.devices_json()[0]["attributes"]["cpuidDigest"] == {"string": "e4da"}
+    # whether the node can restore each restore profile: one plain term selects it
+    assert {d["attributes"]["restore_snap"]["bool"] for d in rig.api.devices_json()} == {True}
+    assert {d["attributes"]["restore_old"]["bool"] for d in rig.api.devices_json()} == {False}
     assert all(r.healthy for r in rig.plugin.health.reports)
 
     rig.tell_kvm(verdict(Reason.NOT_KVM), learned)  # the last pass's facts kept

@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,9 @@ from prometheus_client import CollectorRegistry
 
 from ate_devplugin.components import Notice
 from ate_devplugin.config import ResourceConfig
+from ate_devplugin.cpu.restore import CODES, RestoreProfile, TscRule
 from ate_devplugin.host.devices import DeviceNode, Discovery
-from ate_devplugin.kvm.facts import NodeFacts
+from ate_devplugin.kvm.facts import DeviceFacts, NodeFacts
 from ate_devplugin.kvm.probe import ProbeResult
 from ate_devplugin.kvm.reasons import Reason
 from ate_devplugin.kvm.runner import ProbeRunner
@@ -31,6 +33,7 @@ from ate_devplugin.kvmstate import KvmChanged, KvmStates
 from ate_devplugin.observability.metrics import KvmMetrics
 from ate_devplugin.settings import KvmHealthSettings
 from ate_devplugin.tasks import Guard
+from tests.unit.cpu.samples import PVM_REGISTERS
 
 KVM = ResourceConfig(name="ate.dev/kvm", devices=("/dev/kvm",))
 TUN = ResourceConfig(name="ate.dev/tun", devices=("/dev/net/tun",))
@@ -356,3 +359,58 @@ async def test_with_the_probe_off_a_node_that_is_not_kvms_still_fails(tmp_path: 
     h.discover()  # KVM's node back: nothing will probe it, the other node's verdict goes
     assert h.told == [(KVM.name, Reason.NOT_KVM), (KVM.name, None)]
     assert prober.paths == []
+
+
+# --- restore profiles (docs/restore-placement.md) -------------------------------------
+
+
+def kvm_with(**profiles: RestoreProfile) -> ResourceConfig:
+    return ResourceConfig(name=KVM.name, devices=KVM.devices, restore_profiles=tuple(profiles.values()))
+
+
+class RecordingCpu(FakeProber):
+    """A passing probe learns this machine's CPU (its PVM KVM's registers, recorded)."""
+
+    async def probe(self, device: str, timeout: float) -> ProbeResult:
+        result = await super().probe(device, timeout)
+        facts = DeviceFacts(12, {"tsc_control": 0}, "d", (), cpuid_registers=PVM_REGISTERS, tsc_khz=2_599_998)
+        return replace(result, device_facts=facts)
+
+
+async def test_each_restore_profile_is_answered_from_the_cpu_a_passing_probe_learned(
+    tmp_path: Path, stopped: list[Harness], caplog: pytest.LogCaptureFixture
+) -> None:
+    here = RestoreProfile("here", frozenset({"la57", "cx16", "invtsc"}), tsc=TscRule(2_599_998))
+    more = RestoreProfile("more", frozenset({"cx16", "3dnow"}))
+    fast = RestoreProfile("fast", tsc=TscRule(2_859_997))
+    prober = RecordingCpu()
+    h = Harness(tmp_path, prober)
+    stopped.append(h)
+    caplog.set_level(logging.INFO, "ate_devplugin.kvmhealth.health")
+    await h.start(kvm_with(here=here, more=more, fast=fast))
+
+    def answers() -> dict[str, str]:
+        return {a.profile: a.code for a in h.states[KVM.name].restore}
+
+    def gauge(profile: str) -> dict[str, float]:
+        values = {c: h.sample("ate_devplugin_kvm_restore_answer", profile=profile, answer=c) for c in CODES}
+        return {c: v for c, v in values.items() if v}
+
+    assert answers() == {"fast": "unknown", "here": "unknown", "more": "unknown"}  # no probe passed yet
+    assert h.states[KVM.name].attributes()["restore_here"] is False
+    h.discover()
+    await until(lambda: h.verdict() is not None, "passed")
+    assert answers() == {"fast": "tsc", "here": "restorable", "more": "missing-features"}
+    attributes = h.states[KVM.name].attributes()
+    assert (attributes["restore_here"], attributes["restore_more"], attributes["restore_fast"]) == (True, False, False)
+    assert (gauge("here"), gauge("more"), gauge("fast")) == ({"restorable": 1}, {"missing-features": 1}, {"tsc": 1})
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("restore profile")]
+    assert "restore profile more: not restorable: 1 feature missing: 3dnow" in said
+    assert any(line.startswith("restore profile fast: not restorable: TSC 2859997 kHz") for line in said)
+
+    # A reload that changes a profile alone: answered again at once, nothing probed again.
+    probes = len(prober.paths)
+    await h.health.on_resources((kvm_with(here=here, more=RestoreProfile("more", frozenset({"cx16"}))),))
+    assert answers() == {"here": "restorable", "more": "restorable"}
+    assert (h.verdict() is not None, len(prober.paths)) == (True, probes)
+    assert gauge("fast") == {}  # the profile gone, its series too
