@@ -371,6 +371,12 @@ resources:
       {{- end }}
       {{- end }}
     {{- end }}
+    {{- if hasKey . "health" }}
+    health: {{ .health | quote }}
+    {{- end }}
+    {{- if hasKey . "preferred_allocation" }}
+    preferred_allocation: {{ .preferred_allocation }}
+    {{- end }}
     {{- if hasKey . "restore_profiles" }}
     restore_profiles:
       {{- toYaml .restore_profiles | nindent 6 }}

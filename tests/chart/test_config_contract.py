@@ -15,6 +15,7 @@ refuses the next one, as the chart does.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -154,6 +155,8 @@ def field_values() -> dict[str, list[Any]]:
             ["A=x"],
         ],
         "allocate": ["devices", "cdi", "both", "CDI", "", "cdi\n", 1, None],
+        "health": ["kvm", "exists", "KVM", "", 1, None],
+        "preferred_allocation": [True, False, "true", 1, None],
         "cdi": [
             {},
             {"file_mode": "0666", "uid": 10001, "gid": 0},
@@ -312,8 +315,13 @@ def daemon_verdict(resources: Any) -> tuple[config.ResourceConfig, ...] | Config
 
 
 def _seen(r: config.ResourceConfig) -> tuple[Any, ...]:
-    return (r.name, r.devices, r.units, r.permissions, r.mounts, sorted(r.env),
-            r.allocate, r.cdi_file_mode, r.cdi_uid, r.cdi_gid, r.restore_profiles)  # fmt: skip
+    """Every field of the model: one the chart drops or renders otherwise differs."""
+    return tuple(getattr(r, f.name) for f in dataclasses.fields(r))
+
+
+def test_the_corpus_changes_every_field_of_the_file() -> None:
+    named = {"cdi" if f.name.startswith("cdi_") else f.name for f in dataclasses.fields(config.ResourceConfig)}
+    assert set(field_values()) == named
 
 
 def helm_verdicts(helm: Helm, cases: list[tuple[str, Any]], workdir: Path) -> list[subprocess.CompletedProcess[str]]:
