@@ -266,7 +266,7 @@ def test_verify_on_a_device_that_is_not_kvm_fails_with_its_reason_last() -> None
     assert result.returncode == 1, result
     report = result.stdout.splitlines()
     assert report[0] == "ate-devplugin verify /dev/null"
-    assert "  device:          character device 1:3" in report
+    assert "  device:          character device 1:3, crw-rw-rw- (0666) owner 0:0 here" in report
     assert report[-1].startswith("FAIL not-a-kvm-device: /dev/null: character device 1:3 does not answer"), report
     assert result.stderr == ""
 
@@ -280,6 +280,8 @@ def test_verify_json_is_one_object_for_scripts(tmp_path: Path) -> None:
     assert (found["result"]["reason"], found["result"]["passed"]) == ("missing", False)
     assert found["result"]["message"] == f"{missing}: no such device node"
     assert set(found["node"]) >= {"architecture", "kvm_implementation", "kernel_release"}
+    assert found["access"]["device_node"] is None  # nothing to stat
+    assert found["access"]["process"]["uid"] == os.geteuid()
 
 
 @pytest.mark.parametrize("timeout", ["0", "-1", "x", "nan", "inf", "301"])
