@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.harness.chart import CHART, Helm, Manifest, by_kind, one
+from tests.harness.chart import CHART, Helm, HelmError, Manifest, by_kind, one
 
 DRA_KINDS = {"ClusterRole", "ClusterRoleBinding", "DeviceClass"}
 
@@ -142,11 +142,18 @@ def test_the_daemon_accepts_the_dra_flags(any_helm: Helm) -> None:
     ]
 
 
-def test_dra_needs_kubernetes_1_34(any_helm: Helm) -> None:
-    out = any_helm.run("template", "t", str(CHART), "--set", "dra.mode=dra", "--kube-version", "1.33.0")
-    assert out.returncode != 0
-    assert "dra.mode=dra needs Kubernetes 1.34 or later" in out.stderr
-    assert any_helm.run("template", "t", str(CHART), "--kube-version", "1.33.0").returncode == 0
+def test_dra_needs_kubernetes_1_34_where_the_release_is_known(any_helm: Helm) -> None:
+    with pytest.raises(HelmError) as cluster:
+        any_helm.template(sets=["dra.mode=dra"], kube_version="1.33.0")
+    assert "dra.mode=dra needs Kubernetes 1.34 or later (resource.k8s.io/v1); this cluster is v1.33.0" in str(
+        cluster.value
+    )
+    with pytest.raises(HelmError) as override:
+        any_helm.template(sets=["dra.mode=dra", "kubeVersionOverride=1.33"])
+    assert "; kubeVersionOverride is 1.33" in str(override.value)
+    assert any_helm.template(kube_version="1.33.0")
+    # Nothing says the release: DRA is the operator's explicit choice, not refused.
+    assert any_helm.template(sets=["dra.mode=dra"], kube_version="1.33.0", cluster=False)
 
 
 # --- the ValidatingAdmissionPolicy: the driver writes its own node's slices only -------------
@@ -154,9 +161,15 @@ def test_dra_needs_kubernetes_1_34(any_helm: Helm) -> None:
 VAP_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
 
 
-def test_slice_policy_only_where_the_api_server_serves_it(any_helm: Helm) -> None:
+def test_slice_policy_where_the_api_server_serves_it_or_helm_cannot_ask(any_helm: Helm) -> None:
+    """A cluster's API list without the policy's kind: not rendered. A render without a cluster:
+    rendered, as every release DRA runs on (1.34+) serves it (GA since 1.30)."""
     kinds = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
-    assert not {d["kind"] for d in any_helm.template(sets=["dra.mode=dra"])} & kinds, "no API: not rendered"
+    cluster = any_helm.template(sets=["dra.mode=dra"], kube_version="1.35.4")
+    assert not {d["kind"] for d in cluster} & kinds, "not served: not rendered"
+    assert {d["kind"] for d in any_helm.template(sets=["dra.mode=dra"])} >= kinds, "offline: rendered"
+    served = any_helm.template(sets=["dra.mode=dra"], kube_version="1.35.4", api_versions=[VAP_API])
+    assert {d["kind"] for d in served} >= kinds
     assert not {d["kind"] for d in any_helm.template(api_versions=[VAP_API])} & kinds, "device-plugin mode"
     off = any_helm.template(sets=["dra.mode=dra", "dra.sliceAdmissionPolicy=false"], api_versions=[VAP_API])
     assert not {d["kind"] for d in off} & kinds

@@ -191,11 +191,10 @@ def check_daemonset_security(ds: Manifest, values: dict[str, Any]) -> None:
     else:
         assert not [a for a in c["args"] if a.startswith("--nfd-features-dir")]
 
+    # Rendered without a cluster: what every release takes (1.37's overlap: test_chart_offline.py).
     strategy = ds["spec"]["updateStrategy"]
-    if strategy["type"] == "RollingUpdate" and mode == "device-plugin":  # helm's default Kubernetes: 1.37
-        assert strategy["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
-        assert "--socket-suffix=$(K8S_POD_UID)" in c["args"]
-    elif strategy["type"] == "RollingUpdate":
+    assert "--socket-suffix=$(K8S_POD_UID)" not in c["args"]
+    if strategy["type"] == "RollingUpdate":
         assert strategy["rollingUpdate"]["maxSurge"] == 0
         assert strategy["rollingUpdate"]["maxUnavailable"] == 1
 
@@ -248,6 +247,38 @@ def test_image_reference(any_helm: Helm, sets: list[str], image: str) -> None:
     version = yaml.safe_load((REPO / "chart" / "Chart.yaml").read_text())["appVersion"]
     (ds,) = daemonsets(any_helm.template(sets=sets))
     assert _container(ds)["image"] == image.format(v=version)
+
+
+def pod_specs(docs: list[Manifest]) -> dict[str, Manifest]:
+    """Every pod the chart makes, by its owner's kind and name: the DaemonSets', the uninstall
+    hook Job's, the helm test pods."""
+    specs = {}
+    for doc in docs:
+        if doc["kind"] == "Pod":
+            specs[f"Pod/{doc['metadata']['name']}"] = doc["spec"]
+        elif "template" in doc.get("spec", {}):
+            specs[f"{doc['kind']}/{doc['metadata']['name']}"] = doc["spec"]["template"]["spec"]
+    return specs
+
+
+@pytest.mark.parametrize("mode", ["device-plugin", "dra"])
+def test_pull_secrets_global_and_the_charts_go_on_every_pod(
+    any_helm: Helm, write_values: Callable[[str], Path], mode: str
+) -> None:
+    """global.imagePullSecrets as a parent chart shares them (names, or objects with a name),
+    then imagePullSecrets, each name once, on every pod; none of either: no field."""
+    sets = [f"dra.mode={mode}", "kvmProbe.enabled=true"]
+    secrets = write_values("global: {imagePullSecrets: [mirror, {name: regcred}]}\n"
+                           "imagePullSecrets: [{name: regcred}, {name: own}]\n")  # fmt: skip
+    docs = any_helm.template([secrets], sets=sets)
+    specs = pod_specs(docs)
+    kinds = {k.split("/")[0] for k in specs}
+    assert kinds == ({"DaemonSet", "Pod", "Job"} if mode == "dra" else {"DaemonSet", "Pod"}), specs.keys()
+    assert len([k for k in specs if k.startswith("DaemonSet/")]) == 2  # the daemon's and the prober's
+    for where, spec in specs.items():
+        assert spec["imagePullSecrets"] == [{"name": "mirror"}, {"name": "regcred"}, {"name": "own"}], where
+    for where, spec in pod_specs(any_helm.template(sets=sets)).items():
+        assert "imagePullSecrets" not in spec, where
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ from ate_devplugin import config
 from ate_devplugin.cli import build_parser
 from ate_devplugin.config import ConfigError, check_across, decode_resources, resources_from_document
 from ate_devplugin.settings import OPTIONS, RuntimeSettings, resolve
-from tests.harness.chart import CHART, NAMESPACE, RELEASE, REPO, Helm, by_kind, daemonsets
+from tests.harness.chart import CHART, CLUSTER_API, NAMESPACE, RELEASE, REPO, Helm, by_kind, daemonsets
 
 PLUGIN_DIR = "/var/lib/kubelet/device-plugins"  # the chart's default hostPaths.devicePlugins
 # The corpus is rendered for the oldest release, where the chart passes no socket suffix;
@@ -425,7 +425,7 @@ def render(helm: Helm, kube: str, values: dict[str, Any], workdir: Path, key: st
     path = workdir / f"{helm.major}-{key}.json"
     path.write_text(json.dumps(values))
     return helm.run("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", kube,
-                    "--values", str(path))  # fmt: skip
+                    "--api-versions", CLUSTER_API, "--values", str(path))  # fmt: skip
 
 
 def expanded(container: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
