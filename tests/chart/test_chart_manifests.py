@@ -484,22 +484,27 @@ def test_chart_readme_shows_the_example_pod() -> None:
 
 WORKER_POD = REPO / "docs" / "examples" / "microvm-worker-pod.yaml"
 WORKER_VALUES = REPO / "docs" / "examples" / "microvm-worker-values.yaml"
+# QEMU's (run by tests/e2e) and Cloud Hypervisor's (run by hand: docs/microvm-workers.md).
+WORKER_PODS = [WORKER_POD, REPO / "docs" / "examples" / "cloud-hypervisor-worker-pod.yaml"]
+workers = pytest.mark.parametrize("path", WORKER_PODS, ids=[p.stem for p in WORKER_PODS])
 
 
-def _worker_pod() -> Manifest:
-    pod: Manifest = yaml.safe_load(WORKER_POD.read_text())
+def _worker_pod(path: Path = WORKER_POD) -> Manifest:
+    pod: Manifest = yaml.safe_load(path.read_text())
     return pod
 
 
+@workers
 @pytest.mark.parametrize("version", K8S_VERSIONS)
-def test_worker_pod_valid(version: str, k8s_validate: Callable[[Manifest, str], None]) -> None:
-    k8s_validate(_worker_pod(), version)
+def test_worker_pod_valid(path: Path, version: str, k8s_validate: Callable[[Manifest, str], None]) -> None:
+    k8s_validate(_worker_pod(path), version)
 
 
-def test_worker_pod_has_only_the_minimal_security_context() -> None:
-    """docs/microvm-workers.md's minimum: QEMU non-root with no capability at all; only the
+@workers
+def test_worker_pod_has_only_the_minimal_security_context(path: Path) -> None:
+    """docs/microvm-workers.md's minimum: the VMM non-root with no capability at all; only the
     init container is root, adding NET_ADMIN alone; the README's request unchanged."""
-    spec = _worker_pod()["spec"]
+    spec = _worker_pod(path)["spec"]
     (tap,) = spec["initContainers"]
     (vmm,) = spec["containers"]
     assert spec["securityContext"]["runAsNonRoot"] is True
@@ -518,8 +523,24 @@ def test_worker_pod_has_only_the_minimal_security_context() -> None:
         assert not spec.get(key)
 
 
-def test_worker_pod_passes_checkov(tmp_path: Path, checkov: Callable[[Path], dict[str, Any]]) -> None:
-    (tmp_path / WORKER_POD.name).write_text(WORKER_POD.read_text())
+def test_the_cloud_hypervisor_worker_makes_its_tap_the_vmms_and_up() -> None:
+    """Cloud Hypervisor without CAP_NET_ADMIN attaches only to a tap its uid owns and that is up
+    (docs/microvm-workers.md, "Cloud Hypervisor": else TUNSETIFF or SIOCSIFFLAGS fail EPERM)."""
+    spec = _worker_pod(WORKER_PODS[1])["spec"]
+    (tap,) = spec["initContainers"]
+    (vmm,) = spec["containers"]
+    script = tap["command"][-1]
+    uid = spec["securityContext"]["runAsUser"]
+    assert tap["command"][:2] == ["sh", "-ec"]
+    assert f"ip tuntap add dev tap0 mode tap user {uid};" in script
+    assert script.endswith("ip link set dev tap0 up")
+    assert vmm["command"][0] == "cloud-hypervisor"
+    assert vmm["command"][vmm["command"].index("--net") + 1] == "tap=tap0"
+
+
+@workers
+def test_worker_pod_passes_checkov(path: Path, tmp_path: Path, checkov: Callable[[Path], dict[str, Any]]) -> None:
+    (tmp_path / path.name).write_text(path.read_text())
     results = checkov(tmp_path)["results"]
     assert not results["failed_checks"], [c["check_id"] for c in results["failed_checks"]]
     for c in results["skipped_checks"]:
