@@ -249,7 +249,7 @@ def kvm_health(part: KvmHealthSettings, metrics: Metrics) -> list[Component]:
     if part.nfd_features_dir and part.kvm_probe != "off":
         from ate_devplugin.kvmhealth.labels import FeatureFile
 
-        built.append(FeatureFile(part.nfd_features_dir, DRA_DRIVER))
+        built.append(FeatureFile(part.nfd_features_dir, DRA_DRIVER, part.nfd_label_ttl))
     return built
 
 

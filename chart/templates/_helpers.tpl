@@ -535,6 +535,14 @@ marks the new pod's devices unhealthy when the old pod stops.
 {{- end -}}
 
 {{/*
+"true" when the daemon serves the kubelet's device plugin API: the resources (not in dra
+mode), or the prober's resource beside the probed one (kvmProbe.enabled, in every mode).
+*/}}
+{{- define "ate-devplugin.devicePlugin" -}}
+{{- if or (ne .Values.dra.mode "dra") .Values.kvmProbe.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/*
 "true" when the daemon writes CDI specs: a resource answers Allocate with its CDI device
 name, cdi.mount says so, or the daemon is a DRA driver (an existingConfigMap's resources are not seen here).
 */}}

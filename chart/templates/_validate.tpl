@@ -15,9 +15,6 @@ daemon.extraArgs and extraEnv rules from its argument parser (_daemonargs.tpl, g
 {{- fail (printf "podResources.hostPath %q contains '..'; give the plain absolute path" .Values.podResources.hostPath) -}}
 {{- end -}}
 {{- include "ate-devplugin.daemonArgsRules" . -}}
-{{- if and .Values.kvmProbe.enabled (eq .Values.dra.mode "dra") (not .Values.dra.deviceClasses) -}}
-{{- fail "kvmProbe.enabled=true with dra.mode=dra needs dra.deviceClasses=true: the prober's claim asks for the chart's DeviceClass of kvmProbe.resource" -}}
-{{- end -}}
 {{- if regexMatch "(^|/)\\.\\.(/|$)" .Values.kvmProbe.socketDir -}}
 {{- fail (printf "kvmProbe.socketDir %q contains '..'; give the plain absolute path" .Values.kvmProbe.socketDir) -}}
 {{- end -}}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ate_devplugin.cli import build_parser
-from tests.harness.chart import CHART, Helm, HelmError, Manifest, by_kind, supported_k8s_versions
+from tests.harness.chart import CHART, Helm, HelmError, Manifest, by_kind, daemonsets, supported_k8s_versions
 
 K8S_VERSIONS = supported_k8s_versions()
 PRESET = CHART.parent / "docs" / "examples" / "microvm-worker-values.yaml"
@@ -48,7 +48,7 @@ def test_device_plugin_mode_asks_for_one_unit_and_runs_verify_as_root_without_ca
     assert not claim_templates(docs)
     assert container["command"] == ["ate-devplugin"]
     assert container["args"] == ["verify", "--device=/dev/kvm", "--timeout=10"]
-    (daemon_set,) = by_kind(docs, "DaemonSet")
+    (daemon_set,) = daemonsets(docs)
     assert container["image"] == daemon_set["spec"]["template"]["spec"]["containers"][0]["image"]
     # UID 0 and nothing else: no capability, nothing writable, no token, no host namespace or path.
     assert spec["securityContext"] == {

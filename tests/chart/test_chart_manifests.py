@@ -26,6 +26,7 @@ from tests.harness.chart import (
     one,
     pool_values,
     supported_k8s_versions,
+    the_daemons,
 )
 from tests.harness.kubelet import KNOWN_VERSIONS
 
@@ -142,7 +143,7 @@ def check_daemonset_security(ds: Manifest, values: dict[str, Any]) -> None:
         or mode != "device-plugin"
     )
     pod_resources = values.get("podResources", {}).get("enabled", True)
-    kvm_probe = values.get("kvmProbe", {}).get("enabled", False)
+    kvm_probe = values.get("kvmProbe", {}).get("enabled", True)
     nfd = values.get("nfd", {}).get("enabled", False)
     dra_paths = {"dra-registry", "dra-plugin"}
     if mode != "device-plugin":
@@ -150,7 +151,8 @@ def check_daemonset_security(ds: Manifest, values: dict[str, Any]) -> None:
             "dra-registry": "/var/lib/kubelet/plugins_registry",
             "dra-plugin": "/var/lib/kubelet/plugins/ate.dev",
         }
-    expected = {"host-dev"} if mode == "dra" else {"device-plugins", "host-dev"}
+    # The device plugin API's directory: the resources' sockets, or in dra mode the prober's resource's.
+    expected = {"host-dev"} if mode == "dra" and not kvm_probe else {"device-plugins", "host-dev"}
     assert set(host_paths) == expected | ({"cdi"} if uses_cdi else set()) | (
         {"pod-resources"} if pod_resources else set()
     ) | ({"kvm-prober"} if kvm_probe else set()) | ({"nfd-features"} if nfd else set())
@@ -158,7 +160,7 @@ def check_daemonset_security(ds: Manifest, values: dict[str, Any]) -> None:
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     assert mounts["host-dev"]["mountPath"] == "/host/dev"
     assert mounts["host-dev"]["readOnly"] is True
-    if mode != "dra":
+    if "device-plugins" in expected:
         assert host_paths["device-plugins"]["path"].endswith("/device-plugins")
         assert not mounts["device-plugins"].get("readOnly")
         assert mounts["device-plugins"]["mountPath"] == host_paths["device-plugins"]["path"]
@@ -205,7 +207,7 @@ def check_daemonset_security(ds: Manifest, values: dict[str, Any]) -> None:
 
 
 def test_daemonset_defaults(any_helm: Helm) -> None:
-    ds = one(any_helm.template(kube_version="1.35.4"), "DaemonSet")  # 1.37's rollout: the test below
+    ds = the_daemons(any_helm.template(kube_version="1.35.4"), "DaemonSet")  # 1.37's rollout: the test below
     pod = ds["spec"]["template"]["spec"]
     c = _container(ds)
     assert pod["priorityClassName"] == "system-node-critical"
@@ -289,7 +291,7 @@ def test_pull_secrets_global_and_the_charts_go_on_every_pod(
 def test_pods_overlap_in_a_rollout_only_where_the_kubelet_keeps_both(
     any_helm: Helm, kube: str, mode: str, overlap: bool
 ) -> None:
-    ds = one(any_helm.template(sets=[f"dra.mode={mode}"], kube_version=kube), "DaemonSet")
+    ds = the_daemons(any_helm.template(sets=[f"dra.mode={mode}"], kube_version=kube), "DaemonSet")
     rolling = ds["spec"]["updateStrategy"]["rollingUpdate"]
     suffixed = "--socket-suffix=$(K8S_POD_UID)" in _container(ds)["args"]
     if overlap:
@@ -304,7 +306,7 @@ def test_the_cdi_directory_is_mounted_only_when_cdi_is_used(
     any_helm: Helm, write_values: Callable[[str], Path]
 ) -> None:
     def cdi_volumes(text: str) -> list[Manifest]:
-        pod = one(any_helm.template([write_values(text)]), "DaemonSet")["spec"]["template"]["spec"]
+        pod = the_daemons(any_helm.template([write_values(text)]), "DaemonSet")["spec"]["template"]["spec"]
         return [v for v in pod["volumes"] if v["name"] == "cdi"]
 
     devices_only = "deviceConfig: {resources: [{name: ate.dev/kvm, devices: [/dev/kvm], allocate: devices}]}"
@@ -357,7 +359,7 @@ def test_a_config_change_rolls_pods_only_when_asked(any_helm: Helm, write_values
 
     def render(values: str) -> tuple[Manifest, Manifest]:
         docs = any_helm.template([write_values(values)])
-        return one(docs, "DaemonSet"), _config_maps(docs)[0]
+        return the_daemons(docs, "DaemonSet"), _config_maps(docs)[0]
 
     base_ds, base_cm = render("{}")
     new_ds, new_cm = render(f"deviceConfig: {{{changed}}}")
@@ -391,7 +393,7 @@ def test_config_map_holds_the_daemon_config(helm: Helm) -> None:
 def test_existing_config_map_is_used(any_helm: Helm) -> None:
     docs = any_helm.template(sets=["deviceConfig.existingConfigMap=site-config"])
     assert not _config_maps(docs)
-    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    pod = the_daemons(docs, "DaemonSet")["spec"]["template"]["spec"]
     (config,) = [v for v in pod["volumes"] if v["name"] == "config"]
     assert config["configMap"]["name"] == "site-config"
 
@@ -410,7 +412,7 @@ def _expected_skips(values: dict[str, Any]) -> set[str]:
         skips.add("CKV_K8S_11")
     if values.get("networkPolicy", {}).get("enabled") is False:
         skips |= SKIPPED_WITHOUT_NETWORK_POLICY
-    if values.get("kvmProbe", {}).get("enabled"):
+    if values.get("kvmProbe", {}).get("enabled", True):
         skips |= {"CKV_K8S_8", "CKV_K8S_9"}  # the prober serves nothing to probe
     if values.get("test", {}).get("enabled", True):
         skips |= {"CKV2_K8S_6", "CKV_K8S_8", "CKV_K8S_9"}  # the helm test pod (templates/tests)

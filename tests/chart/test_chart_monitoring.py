@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.harness.chart import CHART, REPO, Helm, HelmError, Manifest, by_kind, one
+from tests.harness.chart import CHART, REPO, Helm, HelmError, Manifest, by_kind, one, the_daemons
 
 MONITORS = {"ServiceMonitor": "serviceMonitor", "PodMonitor": "podMonitor", "PrometheusRule": "prometheusRule"}
 NODE_RELABEL = {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node", "action": "replace"}
@@ -51,7 +51,7 @@ def test_scrape_config(helm: Helm, kind: str) -> None:
     assert endpoint["relabelings"][0] == NODE_RELABEL
     assert monitor["spec"]["jobLabel"] == "app.kubernetes.io/name"
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [monitor["metadata"]["namespace"]]}
-    ds = one(docs, "DaemonSet")
+    ds = the_daemons(docs, "DaemonSet")
     # The selector finds the pods (PodMonitor) or the Service in front of them (ServiceMonitor).
     target = ds["spec"]["template"]["metadata"] if kind == "PodMonitor" else one(docs, "Service")["metadata"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= target["labels"].items()
@@ -387,9 +387,9 @@ def test_install_notes_name_every_pool(helm_v4: Helm) -> None:
 
 @pytest.mark.parametrize("mode", ["device-plugin", "dra"])
 def test_install_notes_with_the_kvm_prober(helm_v4: Helm, mode: str) -> None:
-    notes = _notes(helm_v4, f"dra.mode={mode}", "kvmProbe.enabled=true")
+    notes = _notes(helm_v4, f"dra.mode={mode}")  # on by default
     assert "kubectl -n ate-system rollout status daemonset/ate-devplugin-kvm-prober" in notes
     assert "grep '^ate_devplugin_kvm_probe_state'" in notes
-    assert ("tolerates the taint ate.dev/kvm-unhealthy" in notes) is (mode == "dra")
-    assert ('cdi.file_mode "0666"' in notes) is (mode == "dra")
-    assert "KVM prober" not in _notes(helm_v4, f"dra.mode={mode}")
+    assert "one unit of ate.dev/kvm-prober" in notes
+    assert ("and its devices tainted" in notes) is (mode == "dra")
+    assert "KVM prober" not in _notes(helm_v4, f"dra.mode={mode}", "kvmProbe.enabled=false")

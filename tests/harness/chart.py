@@ -146,6 +146,11 @@ def daemonsets(docs: list[Manifest]) -> list[Manifest]:
     return found
 
 
+def the_daemons(docs: list[Manifest], kind: str) -> Manifest:
+    """The one object of ``kind`` that is the daemon's (not the KVM prober's, on by default)."""
+    return one([d for d in by_kind(docs, kind) if not is_kvm_prober(d)], kind)
+
+
 def is_kvm_prober(doc: Manifest) -> bool:
     return bool(doc["metadata"]["labels"].get("app.kubernetes.io/component") == "kvm-prober")
 

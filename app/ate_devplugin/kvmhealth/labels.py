@@ -6,21 +6,27 @@ learned of the device (API version, CPUID digest, capabilities, notable CPU feat
 first probed resource, by name, whose probe passed once) and whether the node can restore
 each restore profile (``ate.dev/restore_<name>=true|false``). A failing probe keeps the last
 pass's facts: the labels say what the node is, the device plugin's health says whether it
-works now. The file stays when the daemon stops (a restarted daemon writes it again;
-nfd-worker drops it once it is deleted).
+works now.
+
+The labels expire (``+expiry-time``) ``ttl_s`` after the daemon last renewed them, every
+third of it: a daemon restarted or rolled renews them in time, one that is gone (the chart
+uninstalled) leaves nothing on the Node once nfd-worker reads the file past that time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 
 from ate_devplugin.components import Resources
 from ate_devplugin.host.devices import Discovery
 from ate_devplugin.kvm import nfd
 from ate_devplugin.kvmstate import KvmStates
 from ate_devplugin.observability.logs import SaidOnce
-from ate_devplugin.tasks import Guard
+from ate_devplugin.tasks import Guard, cancel
 
 log = logging.getLogger(__name__)
 
@@ -28,35 +34,52 @@ log = logging.getLogger(__name__)
 class FeatureFile:
     name = "NFD feature file"
 
-    def __init__(self, directory: str, domain: str) -> None:
+    def __init__(self, directory: str, domain: str, ttl_s: float, clock: Callable[[], float] = time.time) -> None:
         self.directory = directory
         self.domain = domain
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._states: KvmStates = {}
+        self._expires = clock() + ttl_s
+        self._renewing: asyncio.Task[None] | None = None
         self._failures = SaidOnce()  # the write's error, said once while it lasts
 
     def on_kvm(self, states: KvmStates) -> None:
+        self._states = states
+        self._write()
+
+    def _write(self) -> None:
+        states = self._states
         if not states:
-            return  # nothing probed (any more): the file says what it last said
+            return  # nothing probed (any more): the file says what it last said, until it expires
         first = states[min(states)]
         learned = next((states[n] for n in sorted(states) if states[n].device_facts is not None), first)
         features = learned.device_facts.cpu_features if learned.device_facts else ()
         restore = {name: value for state in states.values() for name, value in state.restore_attributes().items()}
-        text = nfd.render(nfd.labels({**learned.attributes(), **restore}, features, self.domain))
+        labels = nfd.labels({**learned.attributes(), **restore}, features, self.domain)
+        text = nfd.render(labels, datetime.fromtimestamp(self._expires, UTC))
         try:
             # A few KiB to a local directory: written on the loop, as the CDI specs are.
             if nfd.write(self.directory, text):
-                log.info("NFD feature file written", extra={"path": f"{self.directory}/{nfd.FILE_NAME}"})
+                log.debug("NFD feature file written", extra={"path": f"{self.directory}/{nfd.FILE_NAME}"})
             self._failures.over()
         except OSError as exc:
             if self._failures.new(str(exc)):
                 log.warning("cannot write the NFD feature file: %s", exc, extra={"directory": self.directory})
 
-    # --- the component: it only renders what it is told ---------------------------------
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(self.ttl_s / 3)
+            self._expires = self._clock() + self.ttl_s
+            self._write()
+
+    # --- the component: it renders what it is told, and renews its labels ---------------
 
     async def start(self, resources: Resources, guard: Guard) -> None:
-        pass
+        self._renewing = guard.spawn("nfd_renew", self._renew(), "NFD label renewal")
 
     async def stop(self, deadline_s: float) -> list[str]:
-        return []
+        return [] if await cancel(self._renewing, deadline_s) else ["NFD label renewal"]
 
     async def on_resources(self, resources: Resources) -> None:
         pass

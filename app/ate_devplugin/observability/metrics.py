@@ -27,7 +27,7 @@ ALLOCATE_CODES = ("OK", "INVALID_ARGUMENT", "FAILED_PRECONDITION", "INTERNAL")
 # agent's task that did not end when cancelled.
 STALL_REASONS = ("event_handling", "agent_stop")
 # The kinds of guarded task (tasks.Guard): each runs for as long as the daemon does.
-TASK_KINDS = ("agent", "event_router", "http", "pod_resources", "slice_watch", "slice_sync", "kvm_probe")
+TASK_KINDS = ("agent", "event_router", "http", "pod_resources", "slice_watch", "slice_sync", "kvm_probe", "nfd_renew")
 CDI_SPEC_UPDATES = tuple((action, result) for action in ("write", "remove") for result in ("success", "failure"))
 # Allocate answers from memory. Measured under the kubelet bench (1,000 admissions, the
 # daemon's own time, three runs): p50 16-18 us, p99 58-95 us; 77 us and 200 us traced. From

@@ -335,6 +335,17 @@ GROUPS = (
                 chart="use nfd.enabled and nfd.featuresDir",
                 doc="none ([kvm-health.md](kvm-health.md#as-node-labels-device-plugin-mode))",
             ),
+            Option(
+                "nfd_label_ttl",
+                checks.positive_seconds,
+                "900",
+                "SECONDS",
+                "the feature file's labels expire this long after the daemon last renewed them (every third of "
+                "it): once the daemon is gone (uninstalled), nfd-worker drops them; at least twice nfd-worker's "
+                "own interval (60 s)",
+                applies=Applies(switch="kvm_probe"),
+                chart="use nfd.labelTtl",
+            ),
         ),
     ),
     Group(

@@ -166,6 +166,7 @@ class KvmHealthSettings:
     kvm_prober_uid: int
     kvm_prober_gid: int
     nfd_features_dir: str
+    nfd_label_ttl: float
 
     @property
     def prober_grace_s(self) -> float:
@@ -271,6 +272,7 @@ def _kvm_health(v: Values, t: Timing) -> KvmHealthSettings:
         kvm_prober_uid=v["kvm_prober_uid"],
         kvm_prober_gid=v["kvm_prober_gid"],
         nfd_features_dir=v["nfd_features_dir"],
+        nfd_label_ttl=v["nfd_label_ttl"],
     )
 
 

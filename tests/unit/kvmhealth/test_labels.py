@@ -17,6 +17,7 @@ from ate_devplugin.kvm.probe import ProbeResult
 from ate_devplugin.kvm.reasons import Reason
 from ate_devplugin.kvmhealth.labels import FeatureFile
 from ate_devplugin.kvmstate import KvmState
+from ate_devplugin.tasks import Guard
 from tests.unit.kvmhealth.test_monitor import KVM, NODE, FakeProber, Harness, until
 
 DEVICE = DeviceFacts(12, {"max_vcpus": 1024}, "e4da580d", ("cx16", "la57"))
@@ -39,7 +40,7 @@ async def test_the_file_follows_the_verdicts(tmp_path: Path) -> None:
     path = tmp_path / "features" / nfd.FILE_NAME
     answer = {"reason": Reason.PASSED}
     h = Harness(tmp_path, LearningProber(lambda device: answer["reason"]))
-    file = FeatureFile(str(tmp_path / "features"), "ate.dev")
+    file = FeatureFile(str(tmp_path / "features"), "ate.dev", 900)
 
     def heard(notice: Notice) -> None:
         h.heard(notice)
@@ -74,8 +75,30 @@ async def test_the_file_follows_the_verdicts(tmp_path: Path) -> None:
 
 def test_a_directory_it_cannot_write_is_said_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING)
-    file = FeatureFile(str(tmp_path / "absent"), "ate.dev")
+    file = FeatureFile(str(tmp_path / "absent"), "ate.dev", 900)
     passed = ProbeResult("/dev/kvm", Reason.PASSED, "/dev/kvm: passed", 0.001, device_facts=DEVICE)
     for _ in range(3):
         file.on_kvm({KVM.name: KvmState("/dev/kvm", passed, NODE, DEVICE)})
     assert [r.getMessage().split(":")[0] for r in caplog.records] == ["cannot write the NFD feature file"]
+
+
+async def test_the_labels_expire_unless_renewed_every_third_of_their_time(tmp_path: Path) -> None:
+    """+expiry-time: a daemon that is gone leaves its labels to expire; a running one renews
+    them, and a verdict between renewals does not move the time (nor wake nfd-worker)."""
+    now = [1_800_000_000.0]
+    file = FeatureFile(str(tmp_path), "ate.dev", 0.3, clock=lambda: now[0])
+    passed = ProbeResult("/dev/kvm", Reason.PASSED, "/dev/kvm: passed", 0.001, device_facts=DEVICE)
+    file.on_kvm({KVM.name: KvmState("/dev/kvm", passed, NODE, DEVICE)})
+
+    def expiry() -> str:
+        return next(line for line in (tmp_path / nfd.FILE_NAME).read_text().splitlines() if "+expiry-time" in line)
+
+    assert expiry() == "# +expiry-time=2027-01-15T08:00:00Z"  # 1_800_000_000 + 0.3 s, to the second
+    now[0] += 100
+    file.on_kvm({KVM.name: KvmState("/dev/kvm", None, NODE, DEVICE)})  # a verdict: the time stays
+    assert expiry() == "# +expiry-time=2027-01-15T08:00:00Z"
+    await file.start((KVM,), Guard(lambda name, error: None))
+    try:
+        await until(lambda: expiry() == "# +expiry-time=2027-01-15T08:01:40Z", "renewed", 2)
+    finally:
+        assert await file.stop(1.0) == []

@@ -85,6 +85,7 @@ class Harness:
             kvm_prober_uid=0,
             kvm_prober_gid=0,
             nfd_features_dir="",
+            nfd_label_ttl=900,
         )
         self.registry = CollectorRegistry()
         metrics = KvmMetrics(self.registry)
