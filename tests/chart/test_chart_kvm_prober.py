@@ -169,7 +169,7 @@ def test_the_feature_file_needs_the_prober(any_helm: Helm) -> None:
         ("nfd.featuresDir=relative/features.d", "/nfd/featuresDir"),
         ("nfd.featuresDir=/etc/../run/features.d", "nfd.featuresDir"),
         ("nfd.unknown=1", "unknown"),
-        ("nfd.labelTtl=60", "/nfd/labelTtl"),
+        ("nfd.labelTtl=10", "/nfd/labelTtl"),
         ("daemon.extraArgs[0]=--nfd-features-dir=/x", "use nfd.enabled and nfd.featuresDir"),
     ],
 )

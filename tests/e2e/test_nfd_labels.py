@@ -2,7 +2,7 @@
 (docs/kvm-health.md, "As node labels (device-plugin mode)").
 
 On the real 1.35 cluster (one node, containerd 1.6, cgroup v1), in device-plugin mode: the
-chart with kvmProbe.enabled and nfd.enabled; its unprivileged daemon writes the feature file
+chart with nfd.enabled (the prober on by default); its unprivileged daemon writes the feature file
 from the prober's verdicts into the node directory the chart mounts (nfd.featuresDir); the
 real nfd-worker (tools/build-nfd.sh; ``local`` sources only, as NFD's DaemonSet runs it,
 its ``features.d`` that same node directory) and nfd-master (in the sandbox, as the control
@@ -16,10 +16,10 @@ Asserted: the Node's ``ate.dev/*`` labels are exactly the file's, and equal to w
 machine's own probe and node facts make of them (``kvmImplementation``, ``kvmHardware``, the
 CPUID digest, ...); the node-affinity example of the docs: a pod requiring the other
 ``kvmHardware`` stays Pending with the scheduler's reason, one requiring the node's
-``cpuidDigest`` is scheduled there and runs; the labels outlive the release (the daemon
-leaves its file) and go once the file goes. Printed: the times from the file written to the
-labels on the Node, and from the file removed to the labels gone (one nfd-worker pass: its
-default sleepInterval, 60 s, as NFD ships it).
+``cpuidDigest`` is scheduled there and runs; the labels expire once the release is gone (the
+daemon leaves its file, but nobody renews its +expiry-time). Printed: the times from the file
+written to the labels on the Node, and from the uninstall to the labels gone (nfd.labelTtl 30 s
+here, then one nfd-worker pass: its default sleepInterval, 60 s, as NFD ships it).
 
 Private paths only: the node's features.d is a directory of the node's tmpfs; nfd-worker, which
 reads the fixed ``/etc/kubernetes/node-feature-discovery/features.d``, sees that directory
@@ -69,6 +69,7 @@ FEATURE_FILE = f"{FEATURES_DIR}/{feature_file.FILE_NAME}"
 NFD_NAMESPACE = "node-feature-discovery"  # upstream's (deployment/overlays/default)
 WORKER_PORT = 18081  # nfd-worker's /metrics and /healthz in the node's network namespace
 SLEEP_INTERVAL_S = 60  # nfd-worker's core.sleepInterval, its default: a pass at start, then every 60 s
+LABEL_TTL_S = 30  # nfd.labelTtl: the daemon renews the labels' expiry every 10 s
 DOMAIN = "ate.dev"
 
 # nfd-worker in a mount namespace of its own: /etc an overlay (its upper layer in the node's
@@ -218,13 +219,12 @@ def nfd_running(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> I
 def release(cluster: Cluster, helm: Helm, nfd_running: Nfd) -> Iterator[Cluster]:
     """The chart with the prober and the feature file, its features.d the node's private one."""
     node = cluster.node
-    # The prober (non-root) opens the node's 0600 /dev/kvm through containerd's device
-    # ownership, on in this cluster (containerd 1.6); the daemon watches a private node.
-    assert node.device_ownership, "the 1.35 cluster's containerd 1.6 runs with device ownership"
+    # The prober is on by default (uid 0, it opens the node's 0600 /dev/kvm); the daemon
+    # watches a private node. The labels live LABEL_TTL_S past the daemon's last renewal.
     node.run(["sh", "-ec", f"mkdir -p {PRIVATE_DEV}; mknod -m 0600 {KVM} c 10 232"])
     try:
-        helm.install("--set", f"hostPaths.dev={PRIVATE_DEV}", "--set", "kvmProbe.enabled=true",
-                     "--set", "nfd.enabled=true", "--set", f"nfd.featuresDir={FEATURES_DIR}")  # fmt: skip
+        helm.install("--set", f"hostPaths.dev={PRIVATE_DEV}", "--set", "nfd.enabled=true",
+                     "--set", f"nfd.featuresDir={FEATURES_DIR}", "--set", f"nfd.labelTtl={LABEL_TTL_S}")  # fmt: skip
         yield cluster
     finally:
         if helm.run("status", "ate-devplugin", "-n", NAMESPACE, check=False).returncode == 0:
@@ -327,26 +327,38 @@ def test_node_affinity_on_the_labels(release: Cluster) -> None:
         cluster.kubectl("delete", "pod", "-n", WORKLOADS, name, "--wait=false", check=False)
 
 
-def test_the_labels_stay_while_the_file_does_and_go_with_it(release: Cluster, helm: Helm) -> None:
-    """The daemon leaves the file at stop (docs: no expiry time yet), so the labels outlive
-    the release; once the file is removed, nfd-worker's next pass drops them and nfd-master
-    takes them off the Node. (Uninstalled first: a running daemon would, by its code, write a
-    removed file again at its next verdict, since nfd.write compares with the file there.)"""
+def test_the_labels_expire_once_the_release_is_gone(release: Cluster, helm: Helm) -> None:
+    """The daemon leaves the file at stop (a restarted or rolled daemon renews it), but its
+    labels carry an expiry time it renews every third of nfd.labelTtl: with the release
+    uninstalled nobody renews it, and nfd-worker's first pass past that time drops them, the
+    file itself still there."""
     cluster = release
     node = cluster.node
     before = _ate_labels(node)
     assert before, "the labels are there to begin with"
+    written = _file(node)
+    assert written is not None
+    expiry = _expiry(node)
+    assert expiry is not None, "the file carries +expiry-time"
     helm.uninstall()
+    start = time.time()
     wait_until("the release's pods gone", lambda: not cluster.get_json("pods", "-n", NAMESPACE)["items"], 120)
     left = _file(node)
     assert left is not None, "the daemon left its feature file"
     assert left[0] == before
-    assert _ate_labels(node) == before
-    start = time.time()
-    node.run(["rm", "-f", FEATURE_FILE])
-    wait_until("the ate.dev labels gone from the Node", lambda: not _ate_labels(node), SLEEP_INTERVAL_S + 60)
-    print(f"release uninstalled, labels kept; file removed -> the {len(before)} ate.dev labels gone from the Node "
-          f"in {time.time() - start:.1f}s")  # fmt: skip
+    wait_until(
+        "the ate.dev labels gone from the Node", lambda: not _ate_labels(node), LABEL_TTL_S + SLEEP_INTERVAL_S + 60
+    )
+    assert _file(node) is not None  # gone by their expiry, not by the file's removal
+    print(
+        f"release uninstalled: the file left ({_expiry(node)}), the {len(before)} ate.dev labels gone from the "
+        f"Node {time.time() - start:.1f}s later (nfd.labelTtl {LABEL_TTL_S} s, nfd-worker every {SLEEP_INTERVAL_S} s)"
+    )
+
+
+def _expiry(node: Node) -> str | None:
+    text = node.run(["cat", FEATURE_FILE], check=False).stdout
+    return next((line for line in text.splitlines() if line.startswith("# +expiry-time=")), None)
 
 
 def test_the_worker_and_master_stayed_up(nfd_running: Nfd) -> None:

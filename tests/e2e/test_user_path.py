@@ -95,7 +95,7 @@ from tests.e2e.userpath import (
 from tests.e2e.vmm import NO_KVM, WORKER_VALUES
 from tests.harness.chart import doc_block, helm_path, prometheus_operator_crds
 from tests.harness.image import BuiltImage, buildah
-from tests.harness.monitoring import reads_dra, reads_kvm_probe, reads_pod_resources
+from tests.harness.monitoring import reads_dra, reads_pod_resources
 
 REPO = Path(__file__).resolve().parents[2]
 #: A group for the device node of scenario 3b (kvm's fixed GID on Fedora and RHEL).
@@ -928,8 +928,6 @@ def test_every_dashboard_query_returns_data_from_the_cluster(
         for where, expr, instant in dashboard_queries(json.loads(path.read_text())):
             if reads_pod_resources(expr) or reads_dra(expr):
                 continue  # what pods hold and DRA: test_pods_holding_units.py and test_dra.py run these
-            if reads_kvm_probe(expr):
-                continue  # the chart's default is --kvm-probe off: tests/dashboards' probing daemons run these
             query = fill(expr, values)
             checked += 1
             if instant:

@@ -213,7 +213,7 @@ def kvm_probe_states(cluster: Cluster, pod: dict[str, Any]) -> dict[str, float]:
     values = metrics(cluster, pod)
     return {
         s: sample(values, "ate_devplugin_kvm_probe_state", resource_name=RESOURCE, state=s) or 0.0
-        for s in ("unverified", "passed", "failed", "prober-gone")
+        for s in ("unverified", "passed", "failed", "cannot-probe", "prober-gone")
     }
 
 
