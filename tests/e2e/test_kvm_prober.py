@@ -122,12 +122,25 @@ def _verdicts(cluster: Cluster, reason: str) -> float:
 
 
 def test_every_pod_runs_where_there_is_kvm_and_where_there_is_none(cluster_with_release: Cluster) -> None:
-    """The install's --wait returned (the fixture): every pod of the release is Running,
-    nothing Pending; each node offers ate.dev/kvm-prober, and only the node with KVM
-    ate.dev/kvm. The prober runs as uid 0 with no capability, holding one unit of its resource."""
+    """The install's --wait returned (the fixture); every pod of the release is Running soon
+    after (a prober waits for its node's status to show the resource it requests: the
+    kubelet posts it every 10 s), nothing stays Pending; each node offers ate.dev/kvm-prober,
+    and only the node with KVM ate.dev/kvm. The prober runs as uid 0 with no capability,
+    holding one unit of its resource."""
     cluster = cluster_with_release
-    pods = cluster.get_json("pods", "-n", NAMESPACE)["items"]
-    assert {p["status"]["phase"] for p in pods} == {"Running"}, [(p["metadata"]["name"], p["status"]) for p in pods]
+    start = time.monotonic()
+
+    def all_running() -> list[dict[str, Any]] | None:
+        found = cluster.get_json("pods", "-n", NAMESPACE)["items"]
+        return found if {p["status"]["phase"] for p in found} == {"Running"} else None
+
+    try:
+        pods = wait_until("every pod of the release Running", all_running, 60)
+    except ClusterError:
+        for p in cluster.get_json("pods", "-n", NAMESPACE)["items"]:
+            print(p["metadata"]["name"], p["status"]["phase"], p["status"].get("conditions"))
+        raise
+    print(f"every pod Running {time.monotonic() - start:.1f}s after the test began (the install's --wait had returned)")
     probers = [p for p in pods if p["metadata"]["labels"].get("app.kubernetes.io/name") == "ate-devplugin-kvm-prober"]
     assert sorted(p["spec"]["nodeName"] for p in probers) == sorted(n.name for n in cluster.nodes)
     for node in cluster.nodes:

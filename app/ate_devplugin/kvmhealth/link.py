@@ -134,9 +134,10 @@ class ProberLink:
         try:
             uid, gid, pid = _peer(writer)
             peer = f"uid {uid} gid {gid}"
+            who = f"{peer} (pid {pid})" if pid else peer  # 0: a process of another pid namespace
             if (uid, gid) != self.prober:
                 expected = f"uid {self.prober[0]} gid {self.prober[1]}"
-                self._refuse("identity", peer, f"{peer} (pid {pid}) is not the prober ({expected})")
+                self._refuse("identity", peer, f"{who} is not the prober ({expected})")
                 return
             try:
                 async with asyncio.timeout(self.hello_s):
@@ -144,7 +145,7 @@ class ProberLink:
             except TimeoutError:
                 hello = None
             if not isinstance(hello, wire.Hello):
-                self._refuse("no-hello", peer, f"{peer} (pid {pid}) said no hello within {self.hello_s:g}s: closed")
+                self._refuse("no-hello", peer, f"{who} said no hello within {self.hello_s:g}s: closed")
                 return
             self._refusals.over("identity")
             self._refusals.over("no-hello")
