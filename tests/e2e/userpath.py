@@ -292,26 +292,34 @@ def run_pod(cluster: Cluster, pod: dict[str, Any], timeout: float = 180) -> Qemu
     container printed, its exit code and the pod's phase."""
     pod = copy.deepcopy(pod)
     pod["metadata"]["name"] += "-" + uuid.uuid4().hex[:6]
-    name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
-    container = pod["spec"]["containers"][0]["name"]
     ensure_workload_namespace(cluster)
     cluster.apply(pod)
+    try:
+        return finished(cluster, pod, timeout)
+    finally:
+        cluster.kubectl("delete", "pod", "-n", pod["metadata"]["namespace"], pod["metadata"]["name"], "--wait=false",
+                        check=False)  # fmt: skip
+
+
+def finished(cluster: Cluster, pod: dict[str, Any], timeout: float = 180) -> QemuRun:
+    """Wait until ``pod`` (made already) ran to completion; what its first container printed,
+    its exit code and the pod's phase. Describes the pod when it does not finish in time."""
+    name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
+    container = pod["spec"]["containers"][0]["name"]
     try:
         wait_until(
             f"pod {name} to finish",
             lambda: cluster.get_json("pod", "-n", namespace, name)["status"].get("phase") in ("Succeeded", "Failed"),
             timeout,
         )
-        got = cluster.get_json("pod", "-n", namespace, name)
-        (status,) = [s for s in got["status"]["containerStatuses"] if s["name"] == container]
-        terminated = status["state"].get("terminated", {})
-        logs = cluster.kubectl("logs", "-n", namespace, name, "-c", container, check=False)
-        return QemuRun(logs, terminated.get("exitCode"), got["status"]["phase"], got["spec"].get("nodeName", ""))
     except ClusterError:
         print(cluster.kubectl("describe", "pod", "-n", namespace, name, check=False))
         raise
-    finally:
-        cluster.kubectl("delete", "pod", "-n", namespace, name, "--wait=false", check=False)
+    got = cluster.get_json("pod", "-n", namespace, name)
+    (status,) = [s for s in got["status"]["containerStatuses"] if s["name"] == container]
+    terminated = status["state"].get("terminated", {})
+    logs = cluster.kubectl("logs", "-n", namespace, name, "-c", container, check=False)
+    return QemuRun(logs, terminated.get("exitCode"), got["status"]["phase"], got["spec"].get("nodeName", ""))
 
 
 def booted_as_shipped(run: QemuRun, cgroup: int, bound_s: float = BOUND_S) -> None:
