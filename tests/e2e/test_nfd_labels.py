@@ -21,6 +21,15 @@ daemon leaves its file, but nobody renews its +expiry-time). Printed: the times 
 written to the labels on the Node, and from the uninstall to the labels gone (nfd.labelTtl 30 s
 here, then one nfd-worker pass: its default sleepInterval, 60 s, as NFD ships it).
 
+Restore placement (docs/restore-placement.md, tests/e2e/restore.py), before the uninstall:
+this node's profile recorded in a pod granted ate.dev/kvm and three profiles built of it put
+in deviceConfig by ``helm upgrade``; the Node's ``ate.dev/restore_<name>`` labels say
+``here`` true, ``one_more`` (a feature this KVM lacks) and ``other_tsc`` false, the same
+daemon logs why once and its metric says ``missing-features`` and ``tsc``; the micro-VM
+worker requiring ``restore_here`` boots its guest, those requiring the others stay Pending
+with the scheduler's reason; an edited ConfigMap makes ``one_more`` restorable without a
+restart, its label turns true and its Pending worker boots.
+
 Private paths only: the node's features.d is a directory of the node's tmpfs; nfd-worker, which
 reads the fixed ``/etc/kubernetes/node-feature-discovery/features.d``, sees that directory
 there through a bind mount in a mount namespace of its own, over an overlay of ``/etc``
@@ -36,6 +45,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +58,35 @@ from ate_devplugin.kvm.facts import read_node_facts
 from ate_devplugin.kvm.probe import check
 from tests.e2e.cluster import API, Cluster, Node, wait_until
 from tests.e2e.clusters import required
+from tests.e2e.restore import (
+    Profiles,
+    answer_lines,
+    answers,
+    build,
+    excerpt,
+    identity,
+    last_said,
+    record,
+    recorder_pod,
+    said,
+    unschedulable,
+)
 from tests.e2e.sandbox import Process
 from tests.e2e.userpath import (
+    CHART,
+    MICROVM_WORKERS,
     NAMESPACE,
+    RELEASE,
+    TUN,
     WORKLOADS,
     Helm,
+    booted_as_shipped,
     ensure_workload_namespace,
     example_pod,
+    finished,
     run_pod,
     wait_plugin_ready,
+    worker,
 )
 from tests.harness import nfd
 from tests.harness.net import free_port
@@ -325,6 +355,128 @@ def test_node_affinity_on_the_labels(release: Cluster) -> None:
         assert not still["spec"].get("nodeName"), still["spec"]
     finally:
         cluster.kubectl("delete", "pod", "-n", WORKLOADS, name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def restore_profiles(release: Cluster, helm: Helm) -> tuple[Profiles, tuple[str, int]]:
+    """docs/restore-placement.md in device-plugin mode: this node's profile recorded in a pod
+    granted one unit of ate.dev/kvm, the three profiles of tests/e2e/restore.py added by
+    ``helm upgrade`` (the values as installed; the chart's kvm resource with the profiles, and
+    ate.dev/tun for the micro-VM worker); with the daemon pod's (uid, restartCount) before it."""
+    cluster = release
+    node = cluster.node
+    node.run(["sh", "-ec", f"mkdir -p {PRIVATE_DEV}/net; mknod -m 0600 {PRIVATE_DEV}/net/tun c 10 200"])
+    ensure_workload_namespace(cluster)
+    text, _ = record(cluster, recorder_pod(f"record-{uuid.uuid4().hex[:6]}", MICROVM_WORKERS))
+    built = build(text, cluster.dir / "restore-nfd")
+    print(f"ate-devplugin cpu-profile in a pod granted ate.dev/kvm (uid 0, no capability):\n{excerpt(text)}")
+    installed = cluster.dir / "restore-nfd" / "installed.json"
+    installed.write_text(helm.run("get", "values", RELEASE, "-n", NAMESPACE, "-o", "json").stdout)
+    (kvm,) = yaml.safe_load((CHART / "values.yaml").read_text())["deviceConfig"]["resources"]  # as installed
+    resources = [{**kvm, "restore_profiles": built.profiles}, {"name": TUN, "devices": ["/dev/net/tun"], "units": 1024}]
+    profiles = cluster.dir / "restore-nfd" / "profiles.yaml"
+    profiles.write_text(yaml.safe_dump({"deviceConfig": {"resources": resources}}, sort_keys=False))
+    before = identity(wait_plugin_ready(cluster, node))
+    helm.upgrade("-f", str(installed), "-f", str(profiles))
+    return built, before
+
+
+def _restore_worker(profile: str) -> dict[str, Any]:
+    """The micro-VM worker, required on a node whose label says it restores ``profile``."""
+    pod = worker(f"restore-{profile.replace('_', '-')}-{uuid.uuid4().hex[:6]}")
+    pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": f"{DOMAIN}/restore_{profile}", "operator": "In", "values": ["true"]}]}],
+    }}}  # fmt: skip
+    return pod
+
+
+def _restore_labels(node: Node, expected: dict[str, str]) -> dict[str, str] | None:
+    labels = _ate_labels(node)
+    return labels if all(labels.get(f"{DOMAIN}/restore_{p}") == v for p, v in expected.items()) else None
+
+
+def test_restore_profiles_become_labels_that_place_the_worker(
+    release: Cluster, restore_profiles: tuple[Profiles, tuple[str, int]]
+) -> None:
+    cluster = release
+    node = cluster.node
+    built, before = restore_profiles
+    start = time.monotonic()
+    expected = {"here": "true", "one_more": "false", "other_tsc": "false"}
+    labels = wait_until("the restore labels on the Node", partial(_restore_labels, node, expected),
+                        SLEEP_INTERVAL_S + 90)  # fmt: skip
+    restore = {k: v for k, v in labels.items() if k.startswith(f"{DOMAIN}/restore_")}
+    print(f"Node {node.name}'s labels {time.monotonic() - start:.1f}s after helm upgrade: {restore}; and "
+          f"{({k: labels[f'{DOMAIN}/{k}'] for k in ('cpuVendor', 'cpuModel', 'kvmImplementation')})}")  # fmt: skip
+    found = _file(node)
+    assert found is not None
+    assert {k: v for k, v in found[0].items() if k.startswith(f"{DOMAIN}/restore_")} == restore
+    daemon = wait_plugin_ready(cluster, node)
+    assert identity(daemon) == before, "the daemon restarted"
+    lines = said(cluster, daemon)
+    assert last_said(cluster, daemon) == built.said(), lines
+    assert sorted(lines) == sorted(built.said().values()), f"each said once: {lines}"
+    got = answers(cluster, daemon)
+    assert got == {"here": "restorable", "one_more": "missing-features", "other_tsc": "tsc"}, got
+    print("the daemon's /metrics:", *answer_lines(cluster, daemon), sep="\n  ")
+    print(f"daemon pod (uid, restarts) {before} as before the upgrade; its log: {lines}; "
+          f"ate_devplugin_kvm_restore_answer == 1: {got}")  # fmt: skip
+    pending = [_restore_worker("one_more"), _restore_worker("other_tsc")]
+    for pod in pending:
+        cluster.apply(pod)
+    try:
+        run = run_pod(cluster, _restore_worker("here"))
+        booted_as_shipped(run, cluster.cgroup)
+        assert run.node == node.name
+        for pod in pending:
+            name = pod["metadata"]["name"]
+            message = wait_until(f"{name} unschedulable", partial(unschedulable, cluster, MICROVM_WORKERS, name), 60)
+            assert "didn't match Pod's node affinity/selector" in message, message
+            assert cluster.get_json("pod", "-n", MICROVM_WORKERS, name)["status"]["phase"] == "Pending"
+            print(f"{name}: Pending, PodScheduled False Unschedulable: {message!r}")
+    finally:
+        for pod in pending:
+            cluster.kubectl("delete", "pod", "-n", MICROVM_WORKERS, pod["metadata"]["name"], "--wait=false")
+
+
+def test_a_changed_restore_profile_flips_its_label_without_a_restart(
+    release: Cluster, restore_profiles: tuple[Profiles, tuple[str, int]]
+) -> None:
+    """The ConfigMap edited (as with deviceConfig.existingConfigMap): one_more without its
+    extra feature. The same daemon answers it, nfd-worker's next pass relabels the Node,
+    and the worker Pending on it is scheduled and boots."""
+    cluster = release
+    node = cluster.node
+    built, _ = restore_profiles
+    pod = _restore_worker("one_more")
+    name = pod["metadata"]["name"]
+    cluster.apply(pod)
+    try:
+        wait_until(f"{name} unschedulable", partial(unschedulable, cluster, MICROVM_WORKERS, name), 60)
+        daemon = wait_plugin_ready(cluster, node)
+        before = identity(daemon)
+        config_map = cluster.get_json("configmap", "-n", NAMESPACE, RELEASE)
+        config = yaml.safe_load(config_map["data"]["config.yaml"])
+        (kvm,) = [r for r in config["resources"] if "restore_profiles" in r]
+        kvm["restore_profiles"] = built.flipped()
+        config_map["data"]["config.yaml"] = yaml.safe_dump(config, sort_keys=False)
+        start = time.monotonic()
+        cluster.kubectl("replace", "-f", "-", stdin=json.dumps(config_map))
+        wait_until("the daemon's answer", lambda: answers(cluster, daemon).get("one_more") == "restorable", 120)
+        answered = time.monotonic() - start
+        wait_until("restore_one_more=true on the Node", partial(_restore_labels, node, {"one_more": "true"}),
+                   SLEEP_INTERVAL_S + 60)  # fmt: skip
+        labelled = time.monotonic() - start
+        assert identity(wait_plugin_ready(cluster, node)) == before, "the daemon restarted"
+        assert last_said(cluster, daemon)["one_more"] == "restore profile one_more: restorable"
+        run = finished(cluster, pod)
+        booted_as_shipped(run, cluster.cgroup)
+        print(f"ConfigMap edited (one_more without {built.lacking}): the same daemon {before} answered restorable "
+              f"after {answered:.1f}s, the Node's label true after {labelled:.1f}s, the Pending worker {name} ran "
+              f"on {run.node} after {time.monotonic() - start:.1f}s")  # fmt: skip
+    finally:
+        cluster.kubectl("delete", "pod", "-n", MICROVM_WORKERS, name, "--wait=false")
 
 
 def test_the_labels_expire_once_the_release_is_gone(release: Cluster, helm: Helm) -> None:
