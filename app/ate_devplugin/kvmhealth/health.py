@@ -108,7 +108,7 @@ class KvmHealth:
             elif (probed := self._probed[resource.name]).config != resource:  # its restore profiles alone
                 self._forget_restore(probed)
                 probed.config = resource
-                probed.state = self._state(probed, probed.state.verdict, probed.state.device_facts)
+                probed.state = self._state(resource, probed.state.verdict, probed.state.device_facts)
         self._publish()
 
     def on_discovery(self, found: Mapping[str, Discovery]) -> None:
@@ -152,10 +152,7 @@ class KvmHealth:
         if not resource.probes_kvm:
             return
         assert self._guard is not None, "started"
-        probed = self._probed[resource.name] = _Probed(
-            resource, KvmState(resource.probed_device, None, self.node_facts)
-        )
-        probed.state = self._state(probed, None, None)
+        self._probed[resource.name] = _Probed(resource, self._state(resource, None, None))
         self.metrics.add_resource(resource.name, REASONS)
         if self._prober_away_s is not None:
             self.metrics.set_state(resource.name, "prober-gone")  # added by a reload while it is away
@@ -229,12 +226,11 @@ class KvmHealth:
             self._say(name, previous, result)
             if result.passed and result.device_facts is not None:
                 facts = result.device_facts
-        probed.state = self._state(probed, None if probed.cannot else result, facts)
+        probed.state = self._state(probed.config, None if probed.cannot else result, facts)
         self._publish()
 
-    def _state(self, probed: _Probed, verdict: ProbeResult | None, facts: DeviceFacts | None) -> KvmState:
+    def _state(self, config: ResourceConfig, verdict: ProbeResult | None, facts: DeviceFacts | None) -> KvmState:
         """The resource's state, its restore answers with it (said once each, and in the metric)."""
-        config = probed.config
         answers = restore_answers(config.restore_profiles, self.node_facts, facts)
         for answer in answers:
             self.metrics.set_restore(config.name, answer.profile, answer.code, CODES)
