@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 REPLY_SLACK_S = 2.0  # beyond the probe's own timeout, for the prober's worker and the socket
 HELLO_S = 5.0  # a connection that says no hello within this long is closed
-_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+_UCRED = struct.Struct("iII")  # struct ucred: pid_t pid, uid_t uid, gid_t gid
 
 
 class ProberLink:
