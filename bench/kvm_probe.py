@@ -20,6 +20,10 @@ Needs a KVM device this process may open (root here). Three parts:
   agent waits, idle) over a device root holding a ``10:232`` node, once with
   ``--kvm-probe local`` at ``--period`` (the daemon and its probe worker) and once with
   ``--kvm-probe off``: what wiring the probe adds to the idle daemon.
+* ``daemon-socket`` and ``prober``: in the same window, what the chart runs by default: our
+  daemon with ``--kvm-probe socket`` (hearing only this process's uid and gid) and its prober
+  (``ate-devplugin probe``, the prober pod's command, and its probe worker) probing the real
+  device at ``--period`` for it over the socket.
 * the Go peer, in the same window: the kubelet's Go stub device plugin registered with a
   kubelet bench (its device manager, streaming, idle), and beside it our daemon registered
   the same way, probing its ``10:232`` node at ``--period``; ``registered_ratio`` is ours
@@ -48,7 +52,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ate_devplugin.kvm.runner import Prober
+from ate_devplugin.kvm.runner import ProbeRunner
 from bench import procstat
 from bench.peers import UNITS, Env
 from bench.stats import percentile
@@ -65,7 +69,7 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def _run(prober: Prober, device: str, probes: int) -> tuple[list[float], list[float]]:
+async def _run(prober: ProbeRunner, device: str, probes: int) -> tuple[list[float], list[float]]:
     """Wall seconds per probe as the caller sees it, and each probe's own duration."""
     wall, inside = [], []
     for _ in range(probes):
@@ -81,7 +85,7 @@ async def _run(prober: Prober, device: str, probes: int) -> tuple[list[float], l
 async def _cost(device: str, probes: int, reuse: bool) -> tuple[float, float, list[float], list[float]]:
     """(this process's CPU s, the workers' CPU s, wall, inside) of ``probes`` probes by a
     fresh prober, its workers reaped."""
-    prober = Prober(reuse=reuse)
+    prober = ProbeRunner(reuse=reuse)
     own, children = time.process_time(), _children_cpu()
     try:
         wall, inside = await _run(prober, device, probes)
@@ -101,7 +105,7 @@ def _ms(seconds: float) -> float:
 async def _reused(device: str, probes: int) -> tuple[float, float, list[float], list[float]]:
     """(this process's CPU s, the worker's CPU s, wall, inside) of ``probes`` probes by a
     worker already started and warm, read from the live worker's CPU clock."""
-    prober = Prober(reuse=True)
+    prober = ProbeRunner(reuse=True)
     try:
         await _run(prober, device, 2)
         assert prober._worker is not None
@@ -149,7 +153,7 @@ async def host(period: float, device: str) -> None:
     if not period:
         print("worker 0", flush=True)
         await asyncio.Event().wait()
-    prober = Prober()
+    prober = ProbeRunner()
     first = True
     while True:
         result = await prober.probe(device, PROBE_TIMEOUT_S)
@@ -190,6 +194,30 @@ def _start_daemon(probe: str, period: float, workdir: Path) -> tuple[subprocess.
         return proc, _probe_worker(proc.pid)
     except RuntimeError:
         proc.kill()
+        raise
+
+
+def _start_socket_pair(period: float, device: str, workdir: Path) -> tuple[list[subprocess.Popen[str]], int]:
+    """Our daemon in socket mode and its prober, as the chart runs them; the prober's probe
+    worker's pid, once its first report is in."""
+    root = workdir / "socket"
+    (root / "dev").mkdir(parents=True)
+    os.mknod(root / "dev" / "kvm", stat.S_IFCHR | 0o666, os.makedev(10, 232))
+    sock = str(root / "run" / "prober.sock")
+    argv = [sys.executable, "-m", "ate_devplugin", "run", "--device-root", str(root / "dev"),
+            "--plugin-dir", str(root), "--cdi-dir", str(root / "cdi"), "--metrics-address", "127.0.0.1:0",
+            "--kvm-probe", "socket", "--kvm-probe-socket", sock, "--kvm-probe-period", str(period),
+            "--kvm-prober-uid", str(os.geteuid()), "--kvm-prober-gid", str(os.getegid()),
+            "--log-format", "json"]  # fmt: skip
+    daemon = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+    probe_argv = ["probe", "--kvm-probe-socket", sock, "--device", f"{KVM_RESOURCE}={device}"]
+    prober = subprocess.Popen([sys.executable, "-m", "ate_devplugin", *probe_argv],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    try:
+        return [daemon, prober], _probe_worker(prober.pid)
+    except RuntimeError:
+        daemon.kill()
+        prober.kill()
         raise
 
 
@@ -236,6 +264,9 @@ def at_period(device: str, period: float, seconds: float, workdir: Path) -> dict
         "daemon-no-probe": _start_daemon("off", period, workdir),
     }
     pids = {name: [p.pid] + ([worker] if worker else []) for name, (p, worker) in hosts.items()}
+    (daemon, prober), prober_worker = _start_socket_pair(period, device, workdir)
+    pids["daemon-socket"] = [daemon.pid]
+    pids["prober"] = [prober.pid, prober_worker]
     try:
         with registered(period, workdir) as peers:
             pids.update(peers)
@@ -246,7 +277,7 @@ def at_period(device: str, period: float, seconds: float, workdir: Path) -> dict
             after = {name: [procstat.Snapshot.take(pid) for pid in group] for name, group in pids.items()}
             rss = {name: sum(procstat.rss_bytes(pid) for pid in group) for name, group in pids.items()}
     finally:
-        for proc, _ in hosts.values():
+        for proc in [*(p for p, _ in hosts.values()), daemon, prober]:
             proc.kill()
             proc.wait(10)
     out: dict[str, Any] = {"period_s": period, "seconds": round(elapsed, 1)}

@@ -1,20 +1,21 @@
 """The collapsed "KVM probe" rows: the functional probe of resources with ``health: kvm``
-(the chart's kvmProbe.enabled, or a daemon run with ``--kvm-probe local``; no series with
-``--kvm-probe off``, the chart's default)."""
+(the chart's prober, kvmProbe.enabled by default, or a daemon run with ``--kvm-probe local``;
+with ``--kvm-probe off`` only the 10:232 check, unverified or failed)."""
 
 from __future__ import annotations
 
 from dashboards.model import Panel, ValueText
 from dashboards.vocabulary import BLUE, GREEN, RED, RES, good_and_bad, stat, state_timeline, target, timeseries
 
-# One of a resource's four state series is 1; as one number, for the value mappings.
+# One of a resource's five state series is 1; as one number, for the value mappings.
 STATES: list[ValueText] = [
     (1, "passed", GREEN),
     (2, "unverified", BLUE),
-    (3, "prober gone", "orange"),
-    (4, "failed", RED),
+    (3, "cannot probe", "yellow"),
+    (4, "prober gone", "orange"),
+    (5, "failed", RED),
 ]
-SERIES = {"passed": 1, "unverified": 2, "prober-gone": 3, "failed": 4}
+SERIES = {"passed": 1, "unverified": 2, "cannot-probe": 3, "prober-gone": 4, "failed": 5}
 
 
 def probe_state(by: str) -> str:
@@ -31,9 +32,10 @@ def fleet_kvm() -> list[Panel]:
         state_timeline(
             "KVM probe state, by node",
             "Per node and resource with health kvm, the state of its KVM probe over time: passed; unverified "
-            "(no verdict yet, or the device node absent); prober gone (kvmProbe.enabled: no prober for 3 "
-            "periods, alert AteDevpluginKvmProberGone); failed (its units Unhealthy, alert "
-            "AteDevpluginKvmProbeFailing). Empty without a probe (the chart's default, kvmProbe.enabled false).",
+            "(no verdict yet, or the device node absent); cannot probe (the prober was refused the device or "
+            "its probe process failed: judged by existence, alert AteDevpluginKvmCannotProbe); prober gone (no "
+            "prober for 3 periods, alert AteDevpluginKvmProberGone); failed (its units Unhealthy, alert "
+            "AteDevpluginKvmProbeFailing).",
             [target(probe_state("node, resource_name"), "{{node}} {{resource_name}}")],
             STATES,
         ),
@@ -60,8 +62,9 @@ def node_kvm() -> list[Panel]:
         stat(
             "KVM probe",
             "Per resource with health kvm, its KVM probe's state now: passed, unverified (no verdict yet, or the "
-            "device node absent), prober gone (no prober for 3 periods: the units are judged by existence), "
-            "failed (every unit Unhealthy; in DRA mode the devices are tainted).",
+            "device node absent), cannot probe (the probe could not judge the device: judged by existence), "
+            "prober gone (no prober for 3 periods: the units are judged by existence), failed (every unit "
+            "Unhealthy; in DRA mode the devices are tainted).",
             [target(probe_state("resource_name"), "{{resource_name}}")],
             steps=[(None, GREEN)],
             mappings=STATES,
@@ -70,7 +73,8 @@ def node_kvm() -> list[Panel]:
         state_timeline(
             "KVM probe state",
             "The KVM probe's state per resource over time: when it failed, when the prober went, when it "
-            "passed again. Alerts AteDevpluginKvmProbeFailing and AteDevpluginKvmProberGone.",
+            "passed again. Alerts AteDevpluginKvmProbeFailing, AteDevpluginKvmCannotProbe and "
+            "AteDevpluginKvmProberGone.",
             [target(probe_state("resource_name"), "{{resource_name}}")],
             STATES,
             width=18,

@@ -53,7 +53,7 @@ PODS_WITHOUT_TARGET = f"kube_pod_info{{{PLUGIN_PODS}}} unless on (namespace, pod
 
 # Grafana's named colours and the same ones as hex for Perses.
 GREEN, RED, BLUE = "green", "red", "blue"
-HEX = {GREEN: "#73BF69", RED: "#F2495C", "orange": "#FF9830", BLUE: "#5794F2"}
+HEX = {GREEN: "#73BF69", RED: "#F2495C", "orange": "#FF9830", "yellow": "#FADE2A", BLUE: "#5794F2"}
 
 
 def target(expr: str, legend: str = "", *, instant: bool = False, exemplar: bool = False, color: str = "") -> Query:

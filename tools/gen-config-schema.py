@@ -4,7 +4,8 @@
 - chart/values.schema.json: the ``deviceConfig`` node (every rule on one resource);
 - chart/templates/_deviceconfig.tpl: the rules no schema can say (units within the
   message limit for the name's length and within the memory budget in all, unique names
-  and socket files, socket paths that fit a unix socket address) and the format version.
+  and socket files, socket paths that fit a unix socket address, restore profile names
+  defined once) and the format version.
   The socket path is the daemon's ``socket_name`` with the suffix the chart passes where
   ``ate-devplugin.overlap`` says so: the pod's UID, counted at the length of a UUID.
 
@@ -97,6 +98,15 @@ TEMPLATE_TEXT = """{{/* @GENERATED@ */}}
 {{- fail (printf "@SOCKET_PROBLEM@%s" $where (squote $path) (ternary "@SUFFIX_HINT@" "" $suffixed)) -}}
 {{- end -}}
 {{- end -}}
+{{- $profiles := dict -}}
+{{- range $i, $r := .Values.deviceConfig.resources -}}
+{{- range $name, $_ := ($r.restore_profiles | default dict) -}}
+{{- if hasKey $profiles $name -}}
+{{- fail (printf "@PROFILE_PROBLEM@" $i $name (index $profiles $name)) -}}
+{{- end -}}
+{{- $_ := set $profiles $name $i -}}
+{{- end -}}
+{{- end -}}
 {{- $total := 0.0 -}}
 {{- range .Values.deviceConfig.resources -}}
 {{- $total = addf $total (hasKey . "units" | ternary .units @DEFAULT_UNITS@) -}}
@@ -131,6 +141,7 @@ def template_text() -> str:
         f" the pod's {len(str(uuid.UUID(int=0)))}-character UID: shorten the resource name or hostPaths.devicePlugins)",
         "MAX_SOCKET_PATH": str(config.MAX_SOCKET_PATH),
         "SOCKET_PROBLEM": f"%s: socket path %s is longer than the {config.MAX_SOCKET_PATH}-byte unix socket limit",
+        "PROFILE_PROBLEM": "deviceConfig.resources[%d].restore_profiles.%s: " + config.PROFILE_COLLISION.format("%d"),
     }
     text = TEMPLATE_TEXT
     for key, value in fills.items():

@@ -37,12 +37,13 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(layer.split())
     for layer in (
         "ate_devplugin api",  # the version; the generated protocol code
-        "config",  # the config file's model: depends on nothing of ours
+        "cpu",  # x86 CPU features, CPU and restore profiles: pure data
+        "config",  # the config file's model: depends on nothing of ours but the CPU's data
         "settings",  # flags and environment, one part per subsystem
         "tasks",  # guarded tasks, bounded stops, bounded blocking calls
         "observability",  # metrics, traces, logs, HTTP endpoints
         "host kvm",  # devices, CDI specs, filesystem events, unix-socket servers; KVM's probe and facts
-        "components",  # the protocol the supervisor drives
+        "components kvmstate",  # the protocol the supervisor drives; the KVM state its components tell
         "deviceplugin dra podresources kvmhealth",  # handing out devices (two ways), who holds them, KVM health
         "reload",  # reading the config file again
         "daemon",  # the supervisor

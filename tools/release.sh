@@ -23,8 +23,9 @@
 #                                        is R/ate-devplugin (values.yaml's image.registry and
 #                                        image.repository are set to it in the packaged
 #                                        copy), tag V
-# Users then install it with
-#   helm install ate-devplugin oci://R/charts/ate-devplugin --version V --namespace ate-system --create-namespace
+# Users then install it with (the namespace first, labelled for Pod Security's privileged level:
+# the daemon mounts host paths; chart/README.md, Install)
+#   helm install ate-devplugin oci://R/charts/ate-devplugin --version V --namespace ate-system
 #
 # Environment:
 #   REGISTRY       registry host[:port] and path to publish under (default ghcr.io/<owner of home>)
@@ -96,7 +97,9 @@ path=""
 [ "$host" != "$REGISTRY" ] && path="${REGISTRY#*/}/"
 image="$REGISTRY/ate-devplugin:$version"
 chart_ref="oci://$REGISTRY/charts"
-install="helm install ate-devplugin $chart_ref/ate-devplugin --version $version --namespace ate-system --create-namespace"
+install="helm install ate-devplugin $chart_ref/ate-devplugin --version $version --namespace ate-system"
+namespace="kubectl create namespace ate-system --dry-run=client -o yaml | kubectl apply -f -
+  kubectl label namespace ate-system --overwrite pod-security.kubernetes.io/enforce=privileged"
 if [ "$where_only" -eq 1 ]; then
     printf 'image %s\nchart %s/ate-devplugin %s\ninstall %s\n' "$image" "$chart_ref" "$version" "$install"
     exit 0
@@ -157,4 +160,5 @@ PY
 echo "release.sh: pushing chart ate-devplugin $version to $chart_ref"
 "$HELM" push "$work/ate-devplugin-$version.tgz" "$chart_ref"
 echo "release.sh: done. Install with:"
+echo "  $namespace"
 echo "  $install"

@@ -1,6 +1,8 @@
-"""The command line: ate-devplugin run | check-config FILE | probe | verify | version.
+"""The command line: ate-devplugin run | check-config FILE | probe | verify | cpu-profile |
+restore-profile | restorable | version.
 
-Arguments become Settings here; runtime.py builds and runs the daemon from them.
+Arguments become Settings here; runtime.py builds and runs the daemon from them, and is
+imported only by ``run``: the other commands load neither gRPC nor the metrics.
 Exit codes: 0 done, 1 runtime failure, 2 bad configuration or usage (one line per
 problem, no traceback).
 """
@@ -15,13 +17,24 @@ import sys
 import textwrap
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ate_devplugin import __version__, runtime
-from ate_devplugin.config import MAX_CONFIG_BYTES, ConfigError, Problem, decode_resources, load_resources, read_bounded
+from ate_devplugin import __version__
+from ate_devplugin.config import (
+    MAX_CONFIG_BYTES,
+    ConfigError,
+    Problem,
+    config_error,
+    decode_resources,
+    load_resources,
+    read_bounded,
+)
 from ate_devplugin.kvm import verify as kvm_verify
 from ate_devplugin.kvm.facts import read_node_facts
-from ate_devplugin.runtime import config_error
 from ate_devplugin.settings import GROUPS, OPTIONS, Option, idle_fields, resolve, value_of
+
+if TYPE_CHECKING:
+    from ate_devplugin.cpu.profile import CpuProfile
 
 STDIN = "-"
 MAX_VERIFY_TIMEOUT_S = 300.0
@@ -56,7 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
         "See 'ate-devplugin run --help' for the options.",
         formatter_class=_Formatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,check-config,probe,verify,version}")
+    sub = parser.add_subparsers(
+        dest="command",
+        required=True,
+        metavar="{run,check-config,probe,verify,cpu-profile,restore-profile,restorable,version}",
+    )
     run = sub.add_parser(
         "run",
         help="serve the configured devices to the kubelet",
@@ -113,19 +130,73 @@ def build_parser() -> argparse.ArgumentParser:
         "The chart's `helm test` pod runs it on the device its pod was granted.",
         formatter_class=_Formatter,
     )
-    verify.add_argument("--device", default="/dev/kvm", help="the KVM device to open [default: /dev/kvm]")
-    verify.add_argument(
-        "--timeout",
-        default=str(kvm_verify.DEFAULT_TIMEOUT_S),
-        metavar="SECONDS",
-        help=f"give up on the VM after this long (0 < SECONDS <= {MAX_VERIFY_TIMEOUT_S:g}) "
-        f"[default: {kvm_verify.DEFAULT_TIMEOUT_S:g}]",
-    )
+    _device_options(verify, "open", "the VM")
     verify.add_argument(
         "--json", action="store_true", help="print one JSON object (result, node) instead of the report"
     )
+    _add_restore_commands(sub)
     sub.add_parser("version", help="print the version", description="Print the version.")
     return parser
+
+
+def _add_restore_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The commands of snapshot-compatible placement (docs/restore-placement.md)."""
+    from ate_devplugin.cpu.restore import DEFAULT_TOLERANCE_PPM
+
+    cpu = sub.add_parser(
+        "cpu-profile",
+        help="print this node's guest CPU profile (JSON), to record next to a snapshot",
+        description="Probe the KVM device as verify does (a child process, within --timeout) and print the CPU a "
+        "VM can be given here as JSON: KVM's supported CPUID features by name, vendor, family/model, the TSC "
+        "frequency of a new vCPU, whether it is invariant and whether KVM can scale it, the KVM implementation. "
+        "restore-profile and restorable read it back. Exit 0 printed, 1 when the probe fails, 2 on bad usage.",
+        formatter_class=_Formatter,
+    )
+    _device_options(cpu)
+    build = sub.add_parser(
+        "restore-profile",
+        help="make a restore profile of recorded CPU profiles (YAML for the config)",
+        description="Print a restore profile for the config file's restore_profiles: of one recorded profile "
+        "(what that snapshot's host offered), or of several (the pool's baseline: the features all offer, their "
+        "vendor and KVM implementations, a TSC rule all pass), narrowed by a Firecracker CPU template if given. "
+        "Recorded nodes the profile does not serve are warned about. Exit 2, one line naming the file and the "
+        "field, when there is no such profile.",
+        formatter_class=_Formatter,
+    )
+    build.add_argument("profiles", nargs="+", metavar="PROFILE.json", help="profiles printed by cpu-profile")
+    build.add_argument("--name", required=True, help="the profile's name (a-z, 0-9 and _)")
+    build.add_argument("--cpu-template", metavar="FILE", help="a Firecracker custom CPU template (JSON, x86)")
+    build.add_argument("--no-tsc", action="store_true", help="leave the TSC rule out")
+    build.add_argument(
+        "--tolerance-ppm",
+        type=int,
+        default=DEFAULT_TOLERANCE_PPM,
+        metavar="PPM",
+        help=f"the TSC rule's tolerance [default: {DEFAULT_TOLERANCE_PPM}]",
+    )
+    check = sub.add_parser(
+        "restorable",
+        help="say whether this node (or a recorded one) can restore each configured profile, and why not",
+        description="Judge every restore profile of the config file against a recorded CPU profile (--profile) or "
+        "this node's (a probe of --device), one line each. Exit 0 when every one is restorable, 1 when one is "
+        "not, 2 on a bad config or usage.",
+        formatter_class=_Formatter,
+    )
+    check.add_argument("--config", required=True, metavar="FILE", help="the config file")
+    check.add_argument("--profile", metavar="PROFILE.json", help="a recorded profile instead of a probe")
+    _device_options(check)
+
+
+def _device_options(parser: argparse.ArgumentParser, verb: str = "probe", what: str = "the probe") -> None:
+    """--device and --timeout, of the commands that probe a device."""
+    parser.add_argument("--device", default="/dev/kvm", help=f"the KVM device to {verb} [default: /dev/kvm]")
+    parser.add_argument(
+        "--timeout",
+        default=str(kvm_verify.DEFAULT_TIMEOUT_S),
+        metavar="SECONDS",
+        help=f"give up on {what} after this long (0 < SECONDS <= {MAX_VERIFY_TIMEOUT_S:g}) "
+        f"[default: {kvm_verify.DEFAULT_TIMEOUT_S:g}]",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -136,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "check-config":
         return check_config(args.file, args.mode)
     if args.command == "probe":
-        from ate_devplugin.kvmhealth import prober
+        from ate_devplugin.kvm import prober
 
         try:
             devices = prober.parse_devices(args.device or ["ate.dev/kvm=/dev/kvm"])
@@ -146,11 +217,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return prober.run(args.kvm_probe_socket, devices)
     if args.command == "verify":
         return verify(args.device, args.timeout, args.json)
+    if args.command == "cpu-profile":
+        return cpu_profile(args.device, args.timeout)
+    if args.command == "restore-profile":
+        return restore_profile(args.name, args.profiles, args.cpu_template, not args.no_tsc, args.tolerance_ppm)
+    if args.command == "restorable":
+        return restorable(args.config, args.profile, args.device, args.timeout)
     flags = {key: getattr(args, key) for key in OPTIONS}
     try:
         settings = resolve(flags, os.environ)
     except ConfigError as exc:
         return config_error(exc)
+    from ate_devplugin import runtime  # grpc, prometheus-client, opentelemetry: only the daemon loads them
+
     return runtime.run(settings)
 
 
@@ -170,18 +249,136 @@ def check_config(file: str, mode_flag: str | None) -> int:
 
 
 def verify(device: str, timeout_text: str, as_json: bool) -> int:
+    timeout = _seconds("verify", timeout_text)
+    if timeout is None:
+        return 2
+    return asyncio.run(kvm_verify.verify(read_node_facts(), sys.stdout, device, timeout, as_json))
+
+
+def _seconds(command: str, timeout_text: str) -> float | None:
+    """--timeout's seconds; None (said on stderr) unless above 0 and at most the cap."""
     try:
         timeout = float(timeout_text)
     except ValueError:
         timeout = math.nan
     if not 0 < timeout <= MAX_VERIFY_TIMEOUT_S:  # NaN and inf fail here too
         print(
-            f"ate-devplugin: verify --timeout: {timeout_text!r} is not a number of seconds "
+            f"ate-devplugin: {command} --timeout: {timeout_text!r} is not a number of seconds "
             f"above 0 and at most {MAX_VERIFY_TIMEOUT_S:g}",
             file=sys.stderr,
         )
+        return None
+    return timeout
+
+
+# --- snapshot-compatible placement (docs/restore-placement.md) --------------------------
+
+
+def cpu_profile(device: str, timeout_text: str) -> int:
+    import json
+
+    probed = _probed_profile("cpu-profile", device, timeout_text)
+    if isinstance(probed, int):
+        return probed
+    print(json.dumps(probed.to_json(), indent=2))
+    return 0
+
+
+def _probed_profile(command: str, device: str, timeout_text: str) -> CpuProfile | int:
+    """This node's CPU profile, of a probe of ``device``; else the exit code (said on stderr)."""
+    from ate_devplugin.kvm.facts import cpu_profile as make_profile
+    from ate_devplugin.kvm.runner import probe_once
+
+    timeout = _seconds(command, timeout_text)
+    if timeout is None:
         return 2
-    return asyncio.run(kvm_verify.verify(read_node_facts(), sys.stdout, device, timeout, as_json))
+    result = asyncio.run(probe_once(device, timeout))
+    if not result.passed or result.device_facts is None:
+        print(f"ate-devplugin: {command}: FAIL {result.reason}: {result.message}", file=sys.stderr)
+        return 1
+    return make_profile(read_node_facts(), result.device_facts)
+
+
+def _recorded(path: str) -> CpuProfile:
+    """A profile printed by cpu-profile; raises ConfigError naming the file and the field."""
+    from ate_devplugin.cpu.profile import CpuProfile, ProfileError
+
+    try:
+        return CpuProfile.from_json(_json(path))
+    except ProfileError as exc:
+        raise ConfigError(f"{path}: {exc.field}" if exc.field else path, exc.problem) from None
+
+
+def _json(path: str) -> object:
+    """A JSON file, bounded as the config file is; raises ConfigError naming it."""
+    import json
+
+    from ate_devplugin.config import read_config_file
+
+    try:
+        return json.loads(read_config_file(path))
+    except ValueError as exc:
+        raise ConfigError(path, f"not JSON: {exc}") from None
+
+
+def restore_profile(name: str, paths: Sequence[str], template_path: str | None, tsc: bool, tolerance_ppm: int) -> int:
+    import yaml
+
+    from ate_devplugin.config import CPU_TEMPLATE, RESTORE_PREFIX, profile_entry, template_effect
+    from ate_devplugin.config.schema import RESTORE_PROFILES
+    from ate_devplugin.cpu.restore import PPM, BaselineError, baseline
+    from ate_devplugin.cpu.restore import restorable as judge
+
+    try:
+        RESTORE_PROFILES.key.check(name, "--name")
+        if not 0 <= tolerance_ppm <= PPM:
+            raise ConfigError("--tolerance-ppm", f"must be from 0 to {PPM} (got {tolerance_ppm})")
+        recorded = [(path, _recorded(path)) for path in paths]
+        effect = None
+        if template_path is not None:
+            effect = template_effect(CPU_TEMPLATE.check(_json(template_path), template_path))
+        try:
+            profile = baseline(name, recorded, effect, tsc, tolerance_ppm)
+        except BaselineError as exc:
+            raise ConfigError("restore-profile", str(exc)) from None
+        entry = {name: profile_entry(profile)}
+        RESTORE_PROFILES.check(entry, "restore_profiles")  # what is printed loads as it is
+    except ConfigError as exc:
+        return config_error(exc)
+    for path, node in recorded:
+        if not (answer := judge(profile, node)).restorable:
+            print(f"ate-devplugin: warning: {path}: {answer}", file=sys.stderr)
+    said = f"the baseline of {len(paths)} recorded profiles" if len(paths) > 1 else "1 recorded profile"
+    head = [f"# {RESTORE_PREFIX}{name}: built by ate-devplugin restore-profile of {said}"]
+    if effect is not None:
+        left_out = f" (not features, left out: {', '.join(effect.ignored)})" if effect.ignored else ""
+        head.append(f"# narrowed by {template_path}{left_out}")
+    print("\n".join([*head, "# Paste it under a KVM resource's restore_profiles."]))
+    print(yaml.safe_dump(entry, sort_keys=False, default_flow_style=False), end="")
+    return 0
+
+
+def restorable(config_path: str, profile_path: str | None, device: str, timeout_text: str) -> int:
+    from ate_devplugin.cpu.restore import restorable as judge
+
+    try:
+        resources = load_resources(Path(config_path))
+        node = _recorded(profile_path) if profile_path else None
+    except ConfigError as exc:
+        return config_error(exc)
+    judged = [(r.name, p) for r in resources for p in r.restore_profiles]
+    if not judged:
+        print(f"{config_path}: no restore profiles")
+        return 0
+    if node is None:
+        probed = _probed_profile("restorable", device, timeout_text)
+        if isinstance(probed, int):
+            return probed
+        node = probed
+    answers = [(resource, judge(p, node)) for resource, p in judged]
+    for resource, answer in answers:
+        print(f"{resource} {answer}")
+    return 0 if all(a.restorable for _, a in answers) else 1
 
 
 def warn(problems: Iterable[Problem]) -> None:

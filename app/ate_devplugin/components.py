@@ -6,18 +6,27 @@ component is started with the resource list and the guard its long-running tasks
 under, hears every new resource list and every device discovery, and is stopped within a
 deadline (:class:`Component`). What only some need is a capability of its own, which the
 supervisor asks each component for: saying whether it is ready (:class:`Readiness`) or
-stuck (:class:`Liveness`), and watching the filesystem (:class:`Watching`).
+stuck (:class:`Liveness`), watching the filesystem (:class:`Watching`), telling the
+others something through the supervisor (:class:`Telling`) and hearing what they tell
+(a capability per notice: :class:`HearsClaims` here, kvmstate.HearsKvm).
 
 Handlers of discoveries and filesystem events are plain calls on the event loop: they
 must not block, and they run one after the other within one step of the loop, so no
 component sees the world between two others' reactions. Components are started and told
 in the order they were built, but none relies on that order: each works from what it is
 told (the PodResources watch lists first at the first discovery, not at its start).
+
+A notice (:class:`Notice`) is told through the supervisor's inbox, like a filesystem
+event, never by one component calling another: the supervisor delivers it to every
+component that hears it at its next step, inside the stall watchdog, and every notice told
+before a discovery before that discovery (so what a component said at its start is known
+to all at the first).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from ate_devplugin.config import ResourceConfig
@@ -65,3 +74,52 @@ class Watching(Protocol):
 
     def on_fs_events(self, batch: Sequence[FsEvent]) -> None:
         """A batch of filesystem events; discoveries follow every batch, so device changes need no handling here."""
+
+
+class Notice(Protocol):
+    """Something one component tells the others (e.g. kvmstate.KvmChanged)."""
+
+    def deliver(self, component: object) -> None:
+        """Hands it to ``component`` if it hears this kind of notice (its capability)."""
+
+
+Tell = Callable[[Notice], None]
+
+
+class Notices:
+    """Notices told and not yet delivered: of each kind the last (each carries the whole of
+    what it says, so an older one of its kind is moot)."""
+
+    def __init__(self) -> None:
+        self._pending: dict[type, Notice] = {}
+
+    def add(self, notice: Notice) -> None:
+        self._pending[type(notice)] = notice
+
+    def deliver(self, components: Sequence[object]) -> None:
+        """Each pending notice to every component that hears its kind."""
+        pending, self._pending = self._pending, {}
+        for notice in pending.values():
+            for component in components:
+                notice.deliver(component)
+
+
+@runtime_checkable
+class Telling(Protocol):
+    def tell_to(self, tell: Tell) -> None:
+        """Where its notices go (the supervisor's inbox); given once, before it starts."""
+
+
+@runtime_checkable
+class HearsClaims(Protocol):
+    def on_claims_changed(self) -> None:
+        """The DRA driver answered a prepare or unprepare: which pods hold devices may have changed."""
+
+
+@dataclass(frozen=True)
+class ClaimsChanged:
+    """The notice the DRA driver tells after it answered a prepare or unprepare."""
+
+    def deliver(self, component: object) -> None:
+        if isinstance(component, HearsClaims):
+            component.on_claims_changed()

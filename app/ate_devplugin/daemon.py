@@ -1,12 +1,11 @@
 """The supervisor: one inbox, the event router, the stall watchdog, reload and a bounded stop.
 
-Filesystem events, SIGHUP, stop requests and task deaths arrive in one inbox (``put``).
-Per batch the components that watch (components.py) hear the filesystem events, then every
-component the new resources if the config file changed, then every resource's devices as
-discovered again.
-A batch not handled in time is a stall: /healthz fails and
-``ate_devplugin_lifecycle_stalls_total`` says why. A guarded task that dies ends the
-daemon (exit 1: the DaemonSet starts it afresh). Stopping is bounded, naming what is stuck.
+Filesystem events, SIGHUP, the components' notices, stop requests and task deaths arrive in
+one inbox (``put``). Per batch the watching components hear the filesystem events, every
+component the new resources if the config file changed, then the notices told meanwhile and
+every resource's devices as discovered again. A batch not handled in time is a stall
+(/healthz fails, ``ate_devplugin_lifecycle_stalls_total``); a guarded task that dies ends
+the daemon (exit 1: the DaemonSet starts it afresh); the stop is bounded, naming what is stuck.
 """
 
 from __future__ import annotations
@@ -16,13 +15,13 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ate_devplugin.components import Component, Liveness, Readiness, Resources, Watching
+from ate_devplugin.components import Component, Liveness, Notice, Notices, Readiness, Resources, Telling, Watching
 from ate_devplugin.host.devices import Discover, Discovery, discover, watch_dirs
 from ate_devplugin.host.watcher import FsEvent, Watcher, Watches, removed_dirs, touches
 from ate_devplugin.observability.metrics import Metrics
 from ate_devplugin.reload import ConfigReader
 from ate_devplugin.settings import DaemonSettings
-from ate_devplugin.tasks import Guard, TaskDiedError, cancel, stop_all
+from ate_devplugin.tasks import Guard, TaskDiedError, Watchdog, cancel, stop_all
 
 log = logging.getLogger(__name__)
 
@@ -67,32 +66,36 @@ class Daemon:
             lambda name, error: self.put(TaskDied(name, error)), lambda kind: metrics.task_failures.labels(kind).inc()
         )
         self._inbox: list[FsEvent | Reload] = []
+        self._notices = Notices()
+        for telling in (c for c in components if isinstance(c, Telling)):
+            telling.tell_to(self.put)  # notices are events of the inbox
         self._arrived = asyncio.Event()
         self._stop: Stop | TaskDied | None = None
         self._stopping = asyncio.Event()
         self._watcher = Watcher(asyncio.get_running_loop(), self.put)
-        self._stalls: dict[str, str] = {}  # reason -> what is stuck
+        self._watchdog = Watchdog("event_handling", settings.event_deadline_s, self._stalled)
         self.found: dict[str, Discovery] = {}  # the last discovery, per resource
 
     def readiness(self) -> tuple[bool, str]:
         """Ready when every component is; the first that is not says why."""
         answers = [c.readiness() for c in self._ready]
         waiting = next((why for ready, why in answers if not ready), None)
-        if waiting is not None:
-            return False, waiting
-        return True, "; ".join(why for _, why in answers if why) or "ok"
+        return (False, waiting) if waiting is not None else (True, "; ".join(w for _, w in answers if w) or "ok")
 
     def liveness(self) -> tuple[bool, str]:
         """Alive while events are handled in time and nothing of any component is stuck."""
-        stuck = [*self._stalls.values(), *(why for alive, why in (c.liveness() for c in self._alive) if not alive)]
+        stuck = [why for alive, why in (c.liveness() for c in (self._watchdog, *self._alive)) if not alive]
         return (False, "; ".join(stuck)) if stuck else (True, "ok")
 
-    def put(self, event: FsEvent | Reload | Stop | TaskDied) -> None:
+    def put(self, event: FsEvent | Reload | Stop | TaskDied | Notice) -> None:
         if isinstance(event, Stop | TaskDied):
             self._stop = self._stop or event
             self._stopping.set()
             return
-        self._inbox.append(event)
+        if isinstance(event, FsEvent | Reload):
+            self._inbox.append(event)
+        else:
+            self._notices.add(event)
         self._arrived.set()
 
     def request_stop(self, why: str) -> None:
@@ -109,8 +112,10 @@ class Daemon:
             for component in self.components:
                 await component.start(self.resources, self.guard)
             self._refresh()
-            names = [r.name for r in self.resources]
-            log.info("started", extra={"resources": names, "device_root": self.settings.device_root})
+            log.info(
+                "started",
+                extra={"resources": [r.name for r in self.resources], "device_root": self.settings.device_root},
+            )
             router = self.guard.spawn("event_router", self._route_events(), "event router")
             await self._stopping.wait()
         finally:
@@ -135,25 +140,21 @@ class Daemon:
         self._watcher.stop()
 
     async def _route_events(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             await self._arrived.wait()
             self._arrived.clear()
             batch, self._inbox = self._inbox, []
-            watchdog = loop.call_later(self.settings.event_deadline_s, self._stalled, batch)
-            try:
+            with self._watchdog.watching(batch):
                 await self._handle(batch)
-            finally:
-                watchdog.cancel()
-                self._stalls.pop("event_handling", None)
 
-    def _stalled(self, what: object) -> None:
+    def _stalled(self, batch: object) -> None:
         self.metrics.lifecycle_stalls.labels("event_handling").inc()
-        message = f"event_handling: stuck for over {self.settings.event_deadline_s:.0f}s"
-        self._stalls["event_handling"] = message
-        log.error("lifecycle stalled: %s", message, extra={"reason": "event_handling", "stuck": repr(what)[:500]})
+        stuck = self._watchdog.stuck
+        log.error("lifecycle stalled: %s", stuck, extra={"reason": "event_handling", "stuck": repr(batch)[:500]})
 
     async def _handle(self, batch: list[FsEvent | Reload]) -> None:
+        if not batch:
+            return self._notices.deliver(self.components)  # notices alone: no device can have changed
         fs_events = [e for e in batch if isinstance(e, FsEvent)]
         for path in removed_dirs(fs_events):
             self._watcher.forget(path)
@@ -180,6 +181,7 @@ class Daemon:
         again if what was found changed what a component watches (a socket it will make)."""
         watches = self._watches()
         self._watcher.watch(watches)
+        self._notices.deliver(self.components)
         self.found = found = {r.name: self._discover(r, self.settings.device_root) for r in self.resources}
         for component in self.components:
             component.on_discovery(found)

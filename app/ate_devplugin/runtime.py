@@ -14,7 +14,6 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -24,7 +23,7 @@ from prometheus_client import disable_created_metrics
 
 from ate_devplugin import config
 from ate_devplugin.components import Component, Readiness, Resources
-from ate_devplugin.config import ConfigError
+from ate_devplugin.config import ConfigError, config_error
 from ate_devplugin.daemon import Daemon
 from ate_devplugin.deviceplugin.inventory import ResourceState
 from ate_devplugin.deviceplugin.plugin import DevicePlugin
@@ -56,7 +55,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("ate_devplugin")
 
 EXIT_RUNTIME = 1
-EXIT_CONFIG = 2
 RELOAD_SIGNALS = (signal.SIGHUP,)
 # Writes the daemon's state to the log (log_state), as operators expect of a daemon.
 STATE_SIGNALS = (signal.SIGUSR1,)
@@ -99,13 +97,6 @@ def run(settings: Settings) -> int:
         log.error("cannot run: %s", exc)
         return EXIT_RUNTIME
     return 0
-
-
-def config_error(exc: ConfigError) -> int:
-    """Says every problem on a line of its own, before anything started."""
-    for line in exc.lines():
-        print(f"ate-devplugin: config error: {line}", file=sys.stderr)
-    return EXIT_CONFIG
 
 
 async def serve(settings: Settings, resources: Resources, kube: ApiServer | None = None) -> None:
@@ -195,49 +186,29 @@ def components(
 ) -> list[Component]:
     """What the daemon does in this mode, each handed its own part of the settings. The CDI
     specs are the ones the device plugin's answers (``ports``, the real host's unless given)
-    and the DRA driver's ask about. The PodResources watch hears of the device plugin's
-    device changes (their trace context) and the DRA driver's claims."""
+    and the DRA driver's ask about. The PodResources watch asks the device plugin for the
+    trace context of a device change, and the DRA driver for its devices' names; what one
+    component tells the others (the KVM state, the DRA driver's claims) goes through the
+    supervisor (components.Notice), so the order they are built in does not matter."""
     part = settings.part(RuntimeSettings)
     # A DRA driver answers with CDI names only: then every resource needs its spec.
     specs = specs or cdi.CdiSpecs(part.cdi_dir, metrics, every_resource=kube is not None)
     built: list[Component] = []
-    plugin = dra = kvm = None
-    kvm_part = settings.part(KvmHealthSettings)
-    if kvm_part.kvm_probe in ("local", "socket"):
-        from ate_devplugin.kvmhealth.monitor import KvmHealth
-        from ate_devplugin.observability.metrics import KvmMetrics
-
-        # First: a verdict a discovery decides at once (a node that is not 10:232) reaches
-        # the others before that discovery does, so no unit counts Healthy for an instant.
-        kvm = KvmHealth(kvm_part, KvmMetrics(metrics.registry))
-        built.append(kvm)
-        if kvm_part.nfd_features_dir:
-            from ate_devplugin.kvmhealth.labels import FeatureFile
-
-            kvm.listeners.append(FeatureFile(kvm_part.nfd_features_dir, DRA_DRIVER).on_kvm_verdict)
-    if part.device_plugin:
-        plugin_part = settings.part(DevicePluginSettings)
+    built += kvm_health(settings.part(KvmHealthSettings), metrics)
+    plugin = None
+    plugin_part = settings.part(DevicePluginSettings)
+    if plugin_part.serves_resources or plugin_part.serves_probers:
         ports = ports or host_ports(plugin_part, metrics, tracing, specs)
         plugin = DevicePlugin(plugin_part, ports, metrics, tracing.tracer)
         built.append(plugin)
-        if kvm is not None:
-            kvm.listeners.append(plugin.on_kvm_verdict)
     built.append(specs)
+    dra = None
     if kube is not None:
         from ate_devplugin.dra.plugin import DraPlugin
         from ate_devplugin.observability.metrics import DraMetrics
 
-        dra = DraPlugin(
-            settings.part(DraSettings),
-            kube,
-            cdi.device_id,
-            DraMetrics(metrics.registry, metrics.health_changed),
-            tracing.tracer,
-            specs.cdi_problem,
-            kvm=kvm is not None,
-        )
-        if kvm is not None:
-            kvm.listeners.append(dra.on_kvm_verdict)
+        dra_metrics = DraMetrics(metrics.registry, metrics.health_changed)
+        dra = DraPlugin(settings.part(DraSettings), kube, cdi.device_id, dra_metrics, tracing.tracer, specs.cdi_problem)
         built.append(dra)
     if part.pod_resources:
         from ate_devplugin.observability.metrics import PodResourcesMetrics
@@ -250,9 +221,35 @@ def components(
             cause_of=plugin.change_context if plugin is not None else lambda resource: None,
             dra=DraDevices(DRA_DRIVER, dra.device_resources) if dra is not None else None,
         )
-        if dra is not None:
-            dra.claim_listeners.append(pods.claims_changed)
         built.append(pods)
+    return built
+
+
+def kvm_health(part: KvmHealthSettings, metrics: Metrics) -> list[Component]:
+    """The KVM health component, whoever probes (the daemon itself, the prober pod asked over
+    its socket, or nobody: the 10:232 check alone); and with ``--nfd-features-dir`` the feature
+    file that renders its state."""
+    from ate_devplugin.kvm.facts import read_node_facts
+    from ate_devplugin.kvmhealth.health import KvmHealth
+    from ate_devplugin.kvmhealth.probes import LocalProbes, NoProbes, Probes
+    from ate_devplugin.observability.metrics import KvmMetrics
+
+    kvm_metrics = KvmMetrics(metrics.registry)
+    probes: Probes
+    if part.kvm_probe == "socket":
+        from ate_devplugin.kvmhealth.link import ProberLink
+
+        prober = (part.kvm_prober_uid, part.kvm_prober_gid)
+        probes = ProberLink(part.kvm_probe_socket, part.prober_grace_s, prober, kvm_metrics)
+    elif part.kvm_probe == "local":
+        probes = LocalProbes(part.device_root)
+    else:
+        probes = NoProbes()
+    built: list[Component] = [KvmHealth(part, kvm_metrics, probes, read_node_facts())]
+    if part.nfd_features_dir and part.kvm_probe != "off":
+        from ate_devplugin.kvmhealth.labels import FeatureFile
+
+        built.append(FeatureFile(part.nfd_features_dir, DRA_DRIVER, part.nfd_label_ttl))
     return built
 
 

@@ -8,6 +8,7 @@
   several things at once within one.
 * :class:`Worker` runs one blocking call at a time in a thread, within a timeout.
 * :class:`Backoff`: the delays between retries of something that keeps failing.
+* :class:`Watchdog`: says when a step of work takes longer than it may.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import contextlib
 import logging
 import random
 import threading
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -162,3 +163,30 @@ class Backoff:
 
     def reset(self) -> None:
         self._next = self.initial
+
+
+class Watchdog:
+    """Notices work that outlives ``deadline_s``: ``on_stall(work)`` is called once it has,
+    and :attr:`stuck` says so until that work ends."""
+
+    def __init__(self, name: str, deadline_s: float, on_stall: Callable[[object], None]) -> None:
+        self.name = name
+        self.deadline_s = deadline_s
+        self._on_stall = on_stall
+        self.stuck: str | None = None
+
+    @contextlib.contextmanager
+    def watching(self, work: object) -> Iterator[None]:
+        handle = asyncio.get_running_loop().call_later(self.deadline_s, self._stalled, work)
+        try:
+            yield
+        finally:
+            handle.cancel()
+            self.stuck = None
+
+    def liveness(self) -> tuple[bool, str]:
+        return self.stuck is None, self.stuck or ""
+
+    def _stalled(self, work: object) -> None:
+        self.stuck = f"{self.name}: stuck for over {self.deadline_s:.0f}s"
+        self._on_stall(work)

@@ -34,6 +34,15 @@
 {{- fail (printf "%s: socket path %s is longer than the 107-byte unix socket limit%s" $where (squote $path) (ternary " (on Kubernetes 1.37+ in device-plugin mode with a RollingUpdate the socket's name carries the pod's 36-character UID: shorten the resource name or hostPaths.devicePlugins)" "" $suffixed)) -}}
 {{- end -}}
 {{- end -}}
+{{- $profiles := dict -}}
+{{- range $i, $r := .Values.deviceConfig.resources -}}
+{{- range $name, $_ := ($r.restore_profiles | default dict) -}}
+{{- if hasKey $profiles $name -}}
+{{- fail (printf "deviceConfig.resources[%d].restore_profiles.%s: is defined in resources[%d] already: its answer is one node label, so a name is defined once" $i $name (index $profiles $name)) -}}
+{{- end -}}
+{{- $_ := set $profiles $name $i -}}
+{{- end -}}
+{{- end -}}
 {{- $total := 0.0 -}}
 {{- range .Values.deviceConfig.resources -}}
 {{- $total = addf $total (hasKey . "units" | ternary .units 4096) -}}

@@ -316,6 +316,24 @@ image.registry defaults to the published one's.
 {{- end -}}
 
 {{/*
+The pods' imagePullSecrets, YAML (empty: none): global.imagePullSecrets, as a parent chart
+shares them (names, or {name: ...} as Bitnami's charts take them), then imagePullSecrets,
+each name once. Every pod of the chart uses them: the DaemonSets, the KVM prober, the
+uninstall hook and the helm test.
+*/}}
+{{- define "ate-devplugin.imagePullSecrets" -}}
+{{- $names := list -}}
+{{- range concat (default list .Values.global.imagePullSecrets) .Values.imagePullSecrets -}}
+{{- $names = append $names (ternary . (get (kindIs "map" . | ternary . dict) "name") (kindIs "string" .)) -}}
+{{- end -}}
+{{- $lines := list -}}
+{{- range $names | uniq -}}
+{{- $lines = append $lines (printf "- name: %s" (quote .)) -}}
+{{- end -}}
+{{- join "\n" $lines -}}
+{{- end -}}
+
+{{/*
 Name of the ConfigMap holding config.yaml.
 */}}
 {{- define "ate-devplugin.configMapName" -}}
@@ -370,6 +388,16 @@ resources:
       {{ $key }}: {{ index $cdi $key | int64 }}
       {{- end }}
       {{- end }}
+    {{- end }}
+    {{- if hasKey . "health" }}
+    health: {{ .health | quote }}
+    {{- end }}
+    {{- if hasKey . "preferred_allocation" }}
+    preferred_allocation: {{ .preferred_allocation }}
+    {{- end }}
+    {{- if hasKey . "restore_profiles" }}
+    restore_profiles:
+      {{- toYaml .restore_profiles | nindent 6 }}
     {{- end }}
 {{- end }}
 {{- end -}}
@@ -467,13 +495,51 @@ as checkov.io/skipN annotations (see chart/README.md "Security").
 {{- end -}}
 
 {{/*
+"true" when helm learned its Capabilities from the cluster: helm install and upgrade, `helm
+template --validate` or `--dry-run=server`, and a GitOps tool that passes the cluster's
+--api-versions (Argo CD does). The API list helm reads from a cluster names every kind
+(apps/v1/DaemonSet); the one it makes up offline names groups and versions only (apps/v1),
+with its own newest release as the version, which a template cannot tell from a
+--kube-version given by hand.
+*/}}
+{{- define "ate-devplugin.clusterKnown" -}}
+{{- if .Capabilities.APIVersions.Has "apps/v1/DaemonSet" -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+The Kubernetes release the templates may assume, or "" when nothing says it: kubeVersionOverride
+when set (_validate.tpl refuses one newer than the cluster helm sees), else the cluster's when
+helm knows it.
+A release-dependent setting renders only for a known release at or above its bound, so a
+render that cannot know the release is what every supported release (Chart.yaml kubeVersion)
+takes. Callers compare with semverCompare after checking it is not empty.
+*/}}
+{{- define "ate-devplugin.kubeVersion" -}}
+{{- if .Values.kubeVersionOverride -}}
+{{- .Values.kubeVersionOverride -}}
+{{- else if include "ate-devplugin.clusterKnown" . -}}
+{{- .Capabilities.KubeVersion.Version -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 "true" when a rolling update overlaps the old and the new plugin pod on a node: device-plugin
 mode on Kubernetes 1.37+, whose kubelet keeps one device plugin endpoint per socket path;
 each pod then names its sockets with its UID (--socket-suffix), which the socket path length
-rule of _deviceconfig.tpl counts too.
+rule of _deviceconfig.tpl counts too. Not when the release is unknown: an older kubelet
+marks the new pod's devices unhealthy when the old pod stops.
 */}}
 {{- define "ate-devplugin.overlap" -}}
-{{- if and (eq .Values.dra.mode "device-plugin") (eq .Values.updateStrategy.type "RollingUpdate") (semverCompare ">=1.37.0-0" .Capabilities.KubeVersion.Version) -}}true{{- end -}}
+{{- $kube := include "ate-devplugin.kubeVersion" . -}}
+{{- if and (eq .Values.dra.mode "device-plugin") (eq .Values.updateStrategy.type "RollingUpdate") $kube (semverCompare ">=1.37.0-0" $kube) -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+"true" when the daemon serves the kubelet's device plugin API: the resources (not in dra
+mode), or the prober's resource beside the probed one (kvmProbe.enabled, in every mode).
+*/}}
+{{- define "ate-devplugin.devicePlugin" -}}
+{{- if or (ne .Values.dra.mode "dra") .Values.kvmProbe.enabled -}}true{{- end -}}
 {{- end -}}
 
 {{/*
@@ -532,10 +598,11 @@ translation). Fails when neither is known (helm template, no access to default).
 {{- end -}}
 
 {{/*
-"true" when the API server serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy.
+"true" when the API server serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy, or
+when helm cannot ask it: DRA mode needs Kubernetes 1.34, and the policy API is GA since 1.30.
 */}}
 {{- define "ate-devplugin.admissionPolicyApi" -}}
-{{- if .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" -}}true{{- end -}}
+{{- if or (not (include "ate-devplugin.clusterKnown" .)) (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") -}}true{{- end -}}
 {{- end -}}
 
 {{/*

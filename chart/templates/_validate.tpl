@@ -15,9 +15,6 @@ daemon.extraArgs and extraEnv rules from its argument parser (_daemonargs.tpl, g
 {{- fail (printf "podResources.hostPath %q contains '..'; give the plain absolute path" .Values.podResources.hostPath) -}}
 {{- end -}}
 {{- include "ate-devplugin.daemonArgsRules" . -}}
-{{- if and .Values.kvmProbe.enabled (eq .Values.dra.mode "dra") (not .Values.dra.deviceClasses) -}}
-{{- fail "kvmProbe.enabled=true with dra.mode=dra needs dra.deviceClasses=true: the prober's claim asks for the chart's DeviceClass of kvmProbe.resource" -}}
-{{- end -}}
 {{- if regexMatch "(^|/)\\.\\.(/|$)" .Values.kvmProbe.socketDir -}}
 {{- fail (printf "kvmProbe.socketDir %q contains '..'; give the plain absolute path" .Values.kvmProbe.socketDir) -}}
 {{- end -}}
@@ -27,8 +24,15 @@ daemon.extraArgs and extraEnv rules from its argument parser (_daemonargs.tpl, g
 {{- if regexMatch "(^|/)\\.\\.(/|$)" .Values.nfd.featuresDir -}}
 {{- fail (printf "nfd.featuresDir %q contains '..'; give the plain absolute path" .Values.nfd.featuresDir) -}}
 {{- end -}}
-{{- if and (include "ate-devplugin.dra" .) (semverCompare "<1.34-0" .Capabilities.KubeVersion.Version) -}}
-{{- fail (printf "dra.mode=%s needs Kubernetes 1.34 or later (resource.k8s.io/v1); this cluster is %s" .Values.dra.mode .Capabilities.KubeVersion.Version) -}}
+{{- if and .Values.kubeVersionOverride (include "ate-devplugin.clusterKnown" .) -}}
+{{- $minor := regexFind "^[0-9]+\\.[0-9]+" (trimPrefix "v" .Values.kubeVersionOverride) -}}
+{{- if semverCompare (printf "<%s.0-0" $minor) .Capabilities.KubeVersion.Version -}}
+{{- fail (printf "kubeVersionOverride %q is newer than this cluster (%s): what it turns on would break this cluster's rollouts; leave it empty (helm follows the cluster) or set the oldest release the chart is installed on" .Values.kubeVersionOverride .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- end -}}
+{{- $kube := include "ate-devplugin.kubeVersion" . -}}
+{{- if and (include "ate-devplugin.dra" .) $kube (semverCompare "<1.34-0" $kube) -}}
+{{- fail (printf "dra.mode=%s needs Kubernetes 1.34 or later (resource.k8s.io/v1); %s is %s" .Values.dra.mode (ternary "kubeVersionOverride" "this cluster" (ne .Values.kubeVersionOverride "")) $kube) -}}
 {{- end -}}
 {{- if and (include "ate-devplugin.dra" .) (not (or .Values.serviceAccount.create .Values.serviceAccount.name)) -}}
 {{- fail "dra.mode needs a ServiceAccount to bind its RBAC to: serviceAccount.create=true or serviceAccount.name" -}}

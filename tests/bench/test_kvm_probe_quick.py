@@ -34,6 +34,9 @@ def test_a_tiny_run_measures_every_part(tmp_path: Path) -> None:
     assert result["at_period"]["no-prober"]["processes"] == 1
     assert result["at_period"]["daemon-probing"]["processes"] == 2  # our daemon and its probe worker
     assert result["at_period"]["daemon-no-probe"]["processes"] == 1
+    # What the chart runs: the daemon in socket mode, and its prober with its probe worker.
+    assert result["at_period"]["daemon-socket"]["processes"] == 1
+    assert result["at_period"]["prober"]["processes"] == 2
     # The Go peer in the same window, registered with a kubelet bench, and ours beside it.
     assert result["at_period"]["go-stub"]["processes"] == 1
     assert result["at_period"]["ours-probing"]["processes"] == 2

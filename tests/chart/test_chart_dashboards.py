@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from tests.harness.chart import REPO, Helm, Manifest, by_kind
+from tests.harness.chart import REPO, Helm, Manifest, by_kind, daemonsets
 
 PERSES = sorted((REPO / "dashboards" / "perses").glob("*.json"))
 PERSES_API = "perses.dev/v1alpha2/PersesDashboard"
@@ -152,7 +152,7 @@ def test_two_releases_render_side_by_side(any_helm: Helm) -> None:
         assert all(url.startswith(f"/d/{node['uid']}/") for url in node_links(fleet))
         assert fleet["links"][0]["tags"] == [release], "the dropdown lists the release's own"
         assert release in node["tags"]
-        (daemonset,) = [d["metadata"]["name"] for d in by_kind(rendered[release], "DaemonSet")]
+        (daemonset,) = [d["metadata"]["name"] for d in daemonsets(rendered[release])]
         assert daemonset_constant(fleet) == daemonset
         (rule,) = by_kind(rendered[release], "PrometheusRule")
         missing = next(

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from tests.harness.chart import CHART, Helm, Manifest, by_kind, one
+from tests.harness.chart import CHART, Helm, HelmError, Manifest, by_kind, daemonsets, is_kvm_prober, one, the_daemons
 
 DRA_KINDS = {"ClusterRole", "ClusterRoleBinding", "DeviceClass"}
 
 
 def _container(docs: list[Manifest]) -> Any:
-    [container] = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    [container] = the_daemons(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"]
     return container
 
 
@@ -38,7 +38,7 @@ def test_device_plugin_mode_renders_nothing_of_dra(any_helm: Helm) -> None:
         if "helm.sh/hook" in d["metadata"].get("annotations", {})
     ]
     assert hooks == ["test"], "no uninstall hook (the helm test pod only)"
-    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    pod = the_daemons(docs, "DaemonSet")["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False
     container = _container(docs)
     assert not [a for a in container["args"] if a.startswith(("--mode", "--dra", "--registry"))]
@@ -61,7 +61,7 @@ def test_dra_mode_grants_the_driver_its_verbs_only(any_helm: Helm, mode: str) ->
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": sa["metadata"]["namespace"]}
     ]
-    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    pod = the_daemons(docs, "DaemonSet")["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is True
     container = _container(docs)
     assert {
@@ -142,11 +142,18 @@ def test_the_daemon_accepts_the_dra_flags(any_helm: Helm) -> None:
     ]
 
 
-def test_dra_needs_kubernetes_1_34(any_helm: Helm) -> None:
-    out = any_helm.run("template", "t", str(CHART), "--set", "dra.mode=dra", "--kube-version", "1.33.0")
-    assert out.returncode != 0
-    assert "dra.mode=dra needs Kubernetes 1.34 or later" in out.stderr
-    assert any_helm.run("template", "t", str(CHART), "--kube-version", "1.33.0").returncode == 0
+def test_dra_needs_kubernetes_1_34_where_the_release_is_known(any_helm: Helm) -> None:
+    with pytest.raises(HelmError) as cluster:
+        any_helm.template(sets=["dra.mode=dra"], kube_version="1.33.0")
+    assert "dra.mode=dra needs Kubernetes 1.34 or later (resource.k8s.io/v1); this cluster is v1.33.0" in str(
+        cluster.value
+    )
+    with pytest.raises(HelmError) as override:
+        any_helm.template(sets=["dra.mode=dra", "kubeVersionOverride=1.33"])
+    assert "; kubeVersionOverride is 1.33" in str(override.value)
+    assert any_helm.template(kube_version="1.33.0")
+    # Nothing says the release: DRA is the operator's explicit choice, not refused.
+    assert any_helm.template(sets=["dra.mode=dra"], kube_version="1.33.0", cluster=False)
 
 
 # --- the ValidatingAdmissionPolicy: the driver writes its own node's slices only -------------
@@ -154,9 +161,15 @@ def test_dra_needs_kubernetes_1_34(any_helm: Helm) -> None:
 VAP_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
 
 
-def test_slice_policy_only_where_the_api_server_serves_it(any_helm: Helm) -> None:
+def test_slice_policy_where_the_api_server_serves_it_or_helm_cannot_ask(any_helm: Helm) -> None:
+    """A cluster's API list without the policy's kind: not rendered. A render without a cluster:
+    rendered, as every release DRA runs on (1.34+) serves it (GA since 1.30)."""
     kinds = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
-    assert not {d["kind"] for d in any_helm.template(sets=["dra.mode=dra"])} & kinds, "no API: not rendered"
+    cluster = any_helm.template(sets=["dra.mode=dra"], kube_version="1.35.4")
+    assert not {d["kind"] for d in cluster} & kinds, "not served: not rendered"
+    assert {d["kind"] for d in any_helm.template(sets=["dra.mode=dra"])} >= kinds, "offline: rendered"
+    served = any_helm.template(sets=["dra.mode=dra"], kube_version="1.35.4", api_versions=[VAP_API])
+    assert {d["kind"] for d in served} >= kinds
     assert not {d["kind"] for d in any_helm.template(api_versions=[VAP_API])} & kinds, "device-plugin mode"
     off = any_helm.template(sets=["dra.mode=dra", "dra.sliceAdmissionPolicy=false"], api_versions=[VAP_API])
     assert not {d["kind"] for d in off} & kinds
@@ -191,11 +204,11 @@ def test_slice_policy_names_the_drivers_service_account_and_its_node(any_helm: H
 def test_restricted_egress_lets_the_driver_reach_the_api_server(any_helm: Helm, write_values: Any) -> None:
     rule = {"to": [{"ipBlock": {"cidr": "192.0.2.10/32"}}], "ports": [{"port": 6443, "protocol": "TCP"}]}
     values = write_values(f"dra: {{mode: dra}}\nnetworkPolicy: {{restrictEgress: true, apiServerEgress: [{rule}]}}")
-    egress = one(any_helm.template([values]), "NetworkPolicy")["spec"]["egress"]
+    egress = the_daemons(any_helm.template([values]), "NetworkPolicy")["spec"]["egress"]
     assert rule in egress
     # Without the driver no API server egress is added.
     plain = write_values(f"networkPolicy: {{restrictEgress: true, apiServerEgress: [{rule}]}}")
-    assert rule not in one(any_helm.template([plain]), "NetworkPolicy")["spec"]["egress"]
+    assert rule not in the_daemons(any_helm.template([plain]), "NetworkPolicy")["spec"]["egress"]
 
 
 def test_restricted_egress_without_the_address_fails_saying_why(any_helm: Helm) -> None:
@@ -225,11 +238,18 @@ def test_uninstall_stops_the_drivers_before_helm_deletes_their_identity(any_helm
         assert notes["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
         # The identity exists before the Job runs.
         assert int(notes["helm.sh/hook-weight"]) == (0 if hook["kind"] == "Job" else -10)
-    daemon_sets = sorted(d["metadata"]["name"] for d in by_kind(docs, "DaemonSet"))
+    daemon_sets = sorted(d["metadata"]["name"] for d in daemonsets(docs))
     assert len(daemon_sets) == (2 if pools else 1)
+    probers = sorted(d["metadata"]["name"] for d in by_kind(docs, "DaemonSet") if is_kvm_prober(d))
+    assert len(probers) == len(daemon_sets)  # on by default: stopped first (test_chart_kvm_prober.py)
     (role,) = by_kind(hooks, "Role")
     assert role["rules"] == [
-        {"apiGroups": ["apps"], "resources": ["daemonsets"], "resourceNames": daemon_sets, "verbs": ["get", "delete"]}
+        {
+            "apiGroups": ["apps"],
+            "resources": ["daemonsets"],
+            "resourceNames": [*probers, *daemon_sets],
+            "verbs": ["get", "delete"],
+        }
     ]
     (binding,) = by_kind(hooks, "RoleBinding")
     (sa,) = by_kind(hooks, "ServiceAccount")
@@ -243,7 +263,12 @@ def test_uninstall_stops_the_drivers_before_helm_deletes_their_identity(any_helm
         d["spec"]["template"]["spec"]["containers"][0]["image"] for d in by_kind(docs, "DaemonSet")
     }
     assert container["command"] == ["python3", "-m", "ate_devplugin.dra.uninstall"]
-    assert container["args"] == ["--namespace=devices", "--timeout=60", *daemon_sets]
+    assert container["args"] == [
+        "--namespace=devices",
+        "--timeout=60",
+        *(f"--first={p}" for p in probers),
+        *daemon_sets,
+    ]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     labels = job["spec"]["template"]["metadata"]["labels"]

@@ -1,6 +1,7 @@
 """The chart's `helm test` pod (templates/tests/verify.yaml): what it asks for in each mode,
-that it runs `ate-devplugin verify` as the real command line parses it, its security, one
-pod per listed node, and the values it refuses. tests/e2e runs it on real clusters."""
+that it runs `ate-devplugin verify` as the real command line parses it, its security (UID 0
+with no capability: tests/kvm shows it opening root-owned 0600 and 0660 nodes), one pod per
+listed node, and the values it refuses. tests/e2e runs it on real clusters."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ate_devplugin.cli import build_parser
-from tests.harness.chart import CHART, Helm, HelmError, Manifest, by_kind, supported_k8s_versions
+from tests.harness.chart import CHART, Helm, HelmError, Manifest, by_kind, daemonsets, supported_k8s_versions
 
 K8S_VERSIONS = supported_k8s_versions()
 PRESET = CHART.parent / "docs" / "examples" / "microvm-worker-values.yaml"
@@ -32,7 +33,7 @@ def verify_pods(docs: list[Manifest]) -> list[Manifest]:
     return hooks(docs, "Pod")
 
 
-def test_device_plugin_mode_asks_for_one_unit_and_runs_verify_unprivileged(any_helm: Helm) -> None:
+def test_device_plugin_mode_asks_for_one_unit_and_runs_verify_as_root_without_capabilities(any_helm: Helm) -> None:
     docs = any_helm.template(kube_version="1.37.0")
     (pod,) = verify_pods(docs)
     assert pod["metadata"]["name"] == "ate-ate-devplugin-verify"  # the tests' release is "ate"
@@ -47,11 +48,12 @@ def test_device_plugin_mode_asks_for_one_unit_and_runs_verify_unprivileged(any_h
     assert not claim_templates(docs)
     assert container["command"] == ["ate-devplugin"]
     assert container["args"] == ["verify", "--device=/dev/kvm", "--timeout=10"]
-    (daemon_set,) = by_kind(docs, "DaemonSet")
+    (daemon_set,) = daemonsets(docs)
     assert container["image"] == daemon_set["spec"]["template"]["spec"]["containers"][0]["image"]
-    # Non-root, nothing added, nothing writable, no token, no host namespace or path.
-    assert spec["securityContext"]["runAsNonRoot"] is True
-    assert spec["securityContext"]["runAsUser"] == 10001
+    # UID 0 and nothing else: no capability, nothing writable, no token, no host namespace or path.
+    assert spec["securityContext"] == {
+        "runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False, "seccompProfile": {"type": "RuntimeDefault"},
+    }  # fmt: skip
     assert container["securityContext"] == {
         "privileged": False,
         "allowPrivilegeEscalation": False,
@@ -156,7 +158,9 @@ def test_disabled_renders_no_test(any_helm: Helm) -> None:
         ),
         (["test.timeout=0"], "/test/timeout"),
         (["test.timeout=301"], "/test/timeout"),
-        (["test.podSecurityContext.runAsNonRoot=false"], "/test/podSecurityContext/runAsNonRoot"),
+        # The kubelet would refuse to start it: root and runAsNonRoot.
+        (["test.podSecurityContext.runAsNonRoot=true"], "/test/podSecurityContext/runAsNonRoot"),
+        (["test.podSecurityContext.seccompProfile.type=Unconfined"], "/test/podSecurityContext/seccompProfile"),
         (["test.device=/dev/kvm*"], "/test/device"),
         (["test.nodes={a b}"], "/test/nodes"),
     ],
@@ -206,11 +210,24 @@ def test_the_test_objects_are_valid(
         k8s_validate(manifest, version)
 
 
+def test_a_non_root_user_of_ones_own_is_kept_and_checkov_skips_only_for_root(any_helm: Helm) -> None:
+    """test.podSecurityContext checks what a workload's user can open: kept as given, and the
+    root findings' skips go with UID 0."""
+    root = verify_pods(any_helm.template())[0]["metadata"]["annotations"]
+    assert {v.split("=")[0] for k, v in root.items() if k.startswith("checkov.io/")} >= {"CKV_K8S_23", "CKV_K8S_40"}
+    sets = ["test.podSecurityContext.runAsUser=10001", "test.podSecurityContext.runAsNonRoot=true",
+            "test.podSecurityContext.supplementalGroups={36}"]  # fmt: skip
+    (pod,) = verify_pods(any_helm.template(sets=sets))
+    assert pod["spec"]["securityContext"]["runAsUser"] == 10001
+    assert pod["spec"]["securityContext"]["supplementalGroups"] == [36]
+    skipped = {v.split("=")[0] for k, v in pod["metadata"]["annotations"].items() if k.startswith("checkov.io/")}
+    assert not skipped & {"CKV_K8S_23", "CKV_K8S_40"}
+
+
 def test_values_files_render_their_test(any_helm: Helm, ci_values: Path) -> None:
-    """Every ci/ file: a test pod (or none where disabled) whose user is not root."""
+    """Every ci/ file: a test pod (or none where disabled) with no capability."""
     docs = any_helm.template([ci_values])
     for pod in verify_pods(docs):
-        assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
         (container,) = pod["spec"]["containers"]
         assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
         assert container["args"][0] == "verify"

@@ -26,6 +26,7 @@ from tests.harness.chart import (
     one,
     pool_values,
     supported_k8s_versions,
+    the_daemons,
 )
 from tests.harness.kubelet import KNOWN_VERSIONS
 
@@ -142,7 +143,7 @@ def check_daemonset_security(ds: Manifest, values: dict[str, Any]) -> None:
         or mode != "device-plugin"
     )
     pod_resources = values.get("podResources", {}).get("enabled", True)
-    kvm_probe = values.get("kvmProbe", {}).get("enabled", False)
+    kvm_probe = values.get("kvmProbe", {}).get("enabled", True)
     nfd = values.get("nfd", {}).get("enabled", False)
     dra_paths = {"dra-registry", "dra-plugin"}
     if mode != "device-plugin":
@@ -150,7 +151,8 @@ def check_daemonset_security(ds: Manifest, values: dict[str, Any]) -> None:
             "dra-registry": "/var/lib/kubelet/plugins_registry",
             "dra-plugin": "/var/lib/kubelet/plugins/ate.dev",
         }
-    expected = {"host-dev"} if mode == "dra" else {"device-plugins", "host-dev"}
+    # The device plugin API's directory: the resources' sockets, or in dra mode the prober's resource's.
+    expected = {"host-dev"} if mode == "dra" and not kvm_probe else {"device-plugins", "host-dev"}
     assert set(host_paths) == expected | ({"cdi"} if uses_cdi else set()) | (
         {"pod-resources"} if pod_resources else set()
     ) | ({"kvm-prober"} if kvm_probe else set()) | ({"nfd-features"} if nfd else set())
@@ -158,7 +160,7 @@ def check_daemonset_security(ds: Manifest, values: dict[str, Any]) -> None:
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     assert mounts["host-dev"]["mountPath"] == "/host/dev"
     assert mounts["host-dev"]["readOnly"] is True
-    if mode != "dra":
+    if "device-plugins" in expected:
         assert host_paths["device-plugins"]["path"].endswith("/device-plugins")
         assert not mounts["device-plugins"].get("readOnly")
         assert mounts["device-plugins"]["mountPath"] == host_paths["device-plugins"]["path"]
@@ -191,11 +193,10 @@ def check_daemonset_security(ds: Manifest, values: dict[str, Any]) -> None:
     else:
         assert not [a for a in c["args"] if a.startswith("--nfd-features-dir")]
 
+    # Rendered without a cluster: what every release takes (1.37's overlap: test_chart_offline.py).
     strategy = ds["spec"]["updateStrategy"]
-    if strategy["type"] == "RollingUpdate" and mode == "device-plugin":  # helm's default Kubernetes: 1.37
-        assert strategy["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
-        assert "--socket-suffix=$(K8S_POD_UID)" in c["args"]
-    elif strategy["type"] == "RollingUpdate":
+    assert "--socket-suffix=$(K8S_POD_UID)" not in c["args"]
+    if strategy["type"] == "RollingUpdate":
         assert strategy["rollingUpdate"]["maxSurge"] == 0
         assert strategy["rollingUpdate"]["maxUnavailable"] == 1
 
@@ -206,7 +207,7 @@ def check_daemonset_security(ds: Manifest, values: dict[str, Any]) -> None:
 
 
 def test_daemonset_defaults(any_helm: Helm) -> None:
-    ds = one(any_helm.template(kube_version="1.35.4"), "DaemonSet")  # 1.37's rollout: the test below
+    ds = the_daemons(any_helm.template(kube_version="1.35.4"), "DaemonSet")  # 1.37's rollout: the test below
     pod = ds["spec"]["template"]["spec"]
     c = _container(ds)
     assert pod["priorityClassName"] == "system-node-critical"
@@ -250,6 +251,38 @@ def test_image_reference(any_helm: Helm, sets: list[str], image: str) -> None:
     assert _container(ds)["image"] == image.format(v=version)
 
 
+def pod_specs(docs: list[Manifest]) -> dict[str, Manifest]:
+    """Every pod the chart makes, by its owner's kind and name: the DaemonSets', the uninstall
+    hook Job's, the helm test pods."""
+    specs = {}
+    for doc in docs:
+        if doc["kind"] == "Pod":
+            specs[f"Pod/{doc['metadata']['name']}"] = doc["spec"]
+        elif "template" in doc.get("spec", {}):
+            specs[f"{doc['kind']}/{doc['metadata']['name']}"] = doc["spec"]["template"]["spec"]
+    return specs
+
+
+@pytest.mark.parametrize("mode", ["device-plugin", "dra"])
+def test_pull_secrets_global_and_the_charts_go_on_every_pod(
+    any_helm: Helm, write_values: Callable[[str], Path], mode: str
+) -> None:
+    """global.imagePullSecrets as a parent chart shares them (names, or objects with a name),
+    then imagePullSecrets, each name once, on every pod; none of either: no field."""
+    sets = [f"dra.mode={mode}", "kvmProbe.enabled=true"]
+    secrets = write_values("global: {imagePullSecrets: [mirror, {name: regcred}]}\n"
+                           "imagePullSecrets: [{name: regcred}, {name: own}]\n")  # fmt: skip
+    docs = any_helm.template([secrets], sets=sets)
+    specs = pod_specs(docs)
+    kinds = {k.split("/")[0] for k in specs}
+    assert kinds == ({"DaemonSet", "Pod", "Job"} if mode == "dra" else {"DaemonSet", "Pod"}), specs.keys()
+    assert len([k for k in specs if k.startswith("DaemonSet/")]) == 2  # the daemon's and the prober's
+    for where, spec in specs.items():
+        assert spec["imagePullSecrets"] == [{"name": "mirror"}, {"name": "regcred"}, {"name": "own"}], where
+    for where, spec in pod_specs(any_helm.template(sets=sets)).items():
+        assert "imagePullSecrets" not in spec, where
+
+
 @pytest.mark.parametrize(
     ("kube", "mode", "overlap"),
     [("1.35.4", "device-plugin", False), ("1.36.3", "device-plugin", False), ("1.37.2", "device-plugin", True),
@@ -258,7 +291,7 @@ def test_image_reference(any_helm: Helm, sets: list[str], image: str) -> None:
 def test_pods_overlap_in_a_rollout_only_where_the_kubelet_keeps_both(
     any_helm: Helm, kube: str, mode: str, overlap: bool
 ) -> None:
-    ds = one(any_helm.template(sets=[f"dra.mode={mode}"], kube_version=kube), "DaemonSet")
+    ds = the_daemons(any_helm.template(sets=[f"dra.mode={mode}"], kube_version=kube), "DaemonSet")
     rolling = ds["spec"]["updateStrategy"]["rollingUpdate"]
     suffixed = "--socket-suffix=$(K8S_POD_UID)" in _container(ds)["args"]
     if overlap:
@@ -273,7 +306,7 @@ def test_the_cdi_directory_is_mounted_only_when_cdi_is_used(
     any_helm: Helm, write_values: Callable[[str], Path]
 ) -> None:
     def cdi_volumes(text: str) -> list[Manifest]:
-        pod = one(any_helm.template([write_values(text)]), "DaemonSet")["spec"]["template"]["spec"]
+        pod = the_daemons(any_helm.template([write_values(text)]), "DaemonSet")["spec"]["template"]["spec"]
         return [v for v in pod["volumes"] if v["name"] == "cdi"]
 
     devices_only = "deviceConfig: {resources: [{name: ate.dev/kvm, devices: [/dev/kvm], allocate: devices}]}"
@@ -326,7 +359,7 @@ def test_a_config_change_rolls_pods_only_when_asked(any_helm: Helm, write_values
 
     def render(values: str) -> tuple[Manifest, Manifest]:
         docs = any_helm.template([write_values(values)])
-        return one(docs, "DaemonSet"), _config_maps(docs)[0]
+        return the_daemons(docs, "DaemonSet"), _config_maps(docs)[0]
 
     base_ds, base_cm = render("{}")
     new_ds, new_cm = render(f"deviceConfig: {{{changed}}}")
@@ -360,7 +393,7 @@ def test_config_map_holds_the_daemon_config(helm: Helm) -> None:
 def test_existing_config_map_is_used(any_helm: Helm) -> None:
     docs = any_helm.template(sets=["deviceConfig.existingConfigMap=site-config"])
     assert not _config_maps(docs)
-    pod = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    pod = the_daemons(docs, "DaemonSet")["spec"]["template"]["spec"]
     (config,) = [v for v in pod["volumes"] if v["name"] == "config"]
     assert config["configMap"]["name"] == "site-config"
 
@@ -379,7 +412,7 @@ def _expected_skips(values: dict[str, Any]) -> set[str]:
         skips.add("CKV_K8S_11")
     if values.get("networkPolicy", {}).get("enabled") is False:
         skips |= SKIPPED_WITHOUT_NETWORK_POLICY
-    if values.get("kvmProbe", {}).get("enabled"):
+    if values.get("kvmProbe", {}).get("enabled", True):
         skips |= {"CKV_K8S_8", "CKV_K8S_9"}  # the prober serves nothing to probe
     if values.get("test", {}).get("enabled", True):
         skips |= {"CKV2_K8S_6", "CKV_K8S_8", "CKV_K8S_9"}  # the helm test pod (templates/tests)
@@ -453,22 +486,27 @@ def test_chart_readme_shows_the_example_pod() -> None:
 
 WORKER_POD = REPO / "docs" / "examples" / "microvm-worker-pod.yaml"
 WORKER_VALUES = REPO / "docs" / "examples" / "microvm-worker-values.yaml"
+# QEMU's (run by tests/e2e) and Cloud Hypervisor's (run by hand: docs/microvm-workers.md).
+WORKER_PODS = [WORKER_POD, REPO / "docs" / "examples" / "cloud-hypervisor-worker-pod.yaml"]
+workers = pytest.mark.parametrize("path", WORKER_PODS, ids=[p.stem for p in WORKER_PODS])
 
 
-def _worker_pod() -> Manifest:
-    pod: Manifest = yaml.safe_load(WORKER_POD.read_text())
+def _worker_pod(path: Path = WORKER_POD) -> Manifest:
+    pod: Manifest = yaml.safe_load(path.read_text())
     return pod
 
 
+@workers
 @pytest.mark.parametrize("version", K8S_VERSIONS)
-def test_worker_pod_valid(version: str, k8s_validate: Callable[[Manifest, str], None]) -> None:
-    k8s_validate(_worker_pod(), version)
+def test_worker_pod_valid(path: Path, version: str, k8s_validate: Callable[[Manifest, str], None]) -> None:
+    k8s_validate(_worker_pod(path), version)
 
 
-def test_worker_pod_has_only_the_minimal_security_context() -> None:
-    """docs/microvm-workers.md's minimum: QEMU non-root with no capability at all; only the
+@workers
+def test_worker_pod_has_only_the_minimal_security_context(path: Path) -> None:
+    """docs/microvm-workers.md's minimum: the VMM non-root with no capability at all; only the
     init container is root, adding NET_ADMIN alone; the README's request unchanged."""
-    spec = _worker_pod()["spec"]
+    spec = _worker_pod(path)["spec"]
     (tap,) = spec["initContainers"]
     (vmm,) = spec["containers"]
     assert spec["securityContext"]["runAsNonRoot"] is True
@@ -487,8 +525,24 @@ def test_worker_pod_has_only_the_minimal_security_context() -> None:
         assert not spec.get(key)
 
 
-def test_worker_pod_passes_checkov(tmp_path: Path, checkov: Callable[[Path], dict[str, Any]]) -> None:
-    (tmp_path / WORKER_POD.name).write_text(WORKER_POD.read_text())
+def test_the_cloud_hypervisor_worker_makes_its_tap_the_vmms_and_up() -> None:
+    """Cloud Hypervisor without CAP_NET_ADMIN attaches only to a tap its uid owns and that is up
+    (docs/microvm-workers.md, "Cloud Hypervisor": else TUNSETIFF or SIOCSIFFLAGS fail EPERM)."""
+    spec = _worker_pod(WORKER_PODS[1])["spec"]
+    (tap,) = spec["initContainers"]
+    (vmm,) = spec["containers"]
+    script = tap["command"][-1]
+    uid = spec["securityContext"]["runAsUser"]
+    assert tap["command"][:2] == ["sh", "-ec"]
+    assert f"ip tuntap add dev tap0 mode tap user {uid};" in script
+    assert script.endswith("ip link set dev tap0 up")
+    assert vmm["command"][0] == "cloud-hypervisor"
+    assert vmm["command"][vmm["command"].index("--net") + 1] == "tap=tap0"
+
+
+@workers
+def test_worker_pod_passes_checkov(path: Path, tmp_path: Path, checkov: Callable[[Path], dict[str, Any]]) -> None:
+    (tmp_path / path.name).write_text(path.read_text())
     results = checkov(tmp_path)["results"]
     assert not results["failed_checks"], [c["check_id"] for c in results["failed_checks"]]
     for c in results["skipped_checks"]:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.harness.chart import CHART, REPO, Helm, HelmError, Manifest, by_kind, one
+from tests.harness.chart import CHART, REPO, Helm, HelmError, Manifest, by_kind, one, the_daemons
 
 MONITORS = {"ServiceMonitor": "serviceMonitor", "PodMonitor": "podMonitor", "PrometheusRule": "prometheusRule"}
 NODE_RELABEL = {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node", "action": "replace"}
@@ -51,7 +51,7 @@ def test_scrape_config(helm: Helm, kind: str) -> None:
     assert endpoint["relabelings"][0] == NODE_RELABEL
     assert monitor["spec"]["jobLabel"] == "app.kubernetes.io/name"
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [monitor["metadata"]["namespace"]]}
-    ds = one(docs, "DaemonSet")
+    ds = the_daemons(docs, "DaemonSet")
     # The selector finds the pods (PodMonitor) or the Service in front of them (ServiceMonitor).
     target = ds["spec"]["template"]["metadata"] if kind == "PodMonitor" else one(docs, "Service")["metadata"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= target["labels"].items()
@@ -360,18 +360,20 @@ def test_install_notes_in_dra_modes(helm_v4: Helm, any_helm: Helm, mode: str) ->
     assert "privileged" not in json.dumps(pod)
     assert f"kubectl delete resourceclaimtemplate {template['metadata']['name']}" in notes
     assert "grep '^ate_devplugin_" in notes
-    # helm's offline dry run sees no admission policy API: the notes say what that means.
-    assert "no policy keeps the driver to its own node's" in notes
+    # Offline the policy is rendered (every release DRA runs on serves it): no warning.
+    assert "no policy keeps the driver to its own node's" not in notes
     off = _notes(helm_v4, f"dra.mode={mode}", "dra.sliceAdmissionPolicy=false")
     assert "dra.sliceAdmissionPolicy is false" in off
-    # The sharing model's devices, and the unchanged pod spec (helm's offline dry run is 1.36+).
+    # The sharing model's devices, and the unchanged pod spec where the release is 1.36+.
     assert "per resource one shareable device" in notes
     assert "32 single-claim devices" in notes
-    assert "served by DRA too" in notes
+    assert "served by DRA too" not in notes, "offline: the release is not known"
+    assert "served by DRA too" in _notes(helm_v4, f"dra.mode={mode}", "kubeVersionOverride=1.36")
     slots = _notes(helm_v4, f"dra.mode={mode}", "dra.sharing=slots", "dra.slots=8")
     assert "shareable" not in slots
     assert "per resource 8 single-claim devices" in slots
-    assert "served by DRA too" not in _notes(helm_v4, f"dra.mode={mode}", "dra.extendedResourceName=false")
+    sets = (f"dra.mode={mode}", "dra.extendedResourceName=false", "kubeVersionOverride=1.36")
+    assert "served by DRA too" not in _notes(helm_v4, *sets)
 
 
 def test_install_notes_name_every_pool(helm_v4: Helm) -> None:
@@ -385,9 +387,9 @@ def test_install_notes_name_every_pool(helm_v4: Helm) -> None:
 
 @pytest.mark.parametrize("mode", ["device-plugin", "dra"])
 def test_install_notes_with_the_kvm_prober(helm_v4: Helm, mode: str) -> None:
-    notes = _notes(helm_v4, f"dra.mode={mode}", "kvmProbe.enabled=true")
+    notes = _notes(helm_v4, f"dra.mode={mode}")  # on by default
     assert "kubectl -n ate-system rollout status daemonset/ate-devplugin-kvm-prober" in notes
     assert "grep '^ate_devplugin_kvm_probe_state'" in notes
-    assert ("tolerates the taint ate.dev/kvm-unhealthy" in notes) is (mode == "dra")
-    assert ('cdi.file_mode "0666"' in notes) is (mode == "dra")
-    assert "KVM prober" not in _notes(helm_v4, f"dra.mode={mode}")
+    assert "one unit of ate.dev/kvm-prober" in notes
+    assert ("and its devices tainted" in notes) is (mode == "dra")
+    assert "KVM prober" not in _notes(helm_v4, f"dra.mode={mode}", "kvmProbe.enabled=false")

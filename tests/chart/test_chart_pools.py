@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.harness.chart import CHART, CI_VALUES, Helm, HelmError, Manifest, by_kind, daemonsets, one
+from tests.harness.chart import CHART, CI_VALUES, Helm, HelmError, Manifest, by_kind, daemonsets, one, the_daemons
 
 POOLS = CHART / "ci" / "pools-values.yaml"
 VIRTUAL_NODES = [
@@ -71,7 +71,7 @@ def test_two_pools_render_two_daemonsets_with_their_own_configs(helm: Helm) -> N
     assert "annotations" not in by_pool["vm"]["spec"]["template"]["metadata"]
     # One Service, NetworkPolicy for the pods of every pool.
     service = one(docs, "Service")
-    policy = one(docs, "NetworkPolicy")
+    policy = the_daemons(docs, "NetworkPolicy")
     for ds in by_pool.values():
         labels = ds["spec"]["template"]["metadata"]["labels"]
         assert selects(service["spec"]["selector"], labels)

@@ -121,8 +121,8 @@ def test_another_home_moves_every_name_the_chart_renders(helm_v4: Helm) -> None:
     sets = ["--set", f"home={home}", "--set", "prometheusRule.enabled=true", "--set", "forceMonitoringApi=true",
             "--set", "dra.mode=both"]  # fmt: skip
     # The manifests on 1.36 (DeviceClass comments name the docs there), then NOTES.
-    rendered = helm_v4.run("template", "ate-devplugin", str(CHART), "-n", "ate-system", "--kube-version", "1.36.0",
-                           *sets)  # fmt: skip
+    rendered = helm_v4.run("template", "ate-devplugin", str(CHART), "-n", "ate-system", "--set",
+                           "kubeVersionOverride=1.36", *sets)  # fmt: skip
     assert rendered.returncode == 0, rendered.stderr
     assert f"{home}/blob/main/docs/dra.md" in rendered.stdout
     out = helm_v4.run("install", "ate-devplugin", str(CHART), "--dry-run=client", "-n", "ate-system", *sets)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.harness.chart import CHART, CI_VALUES, NAMESPACE, Helm, by_kind, daemonsets, one
+from tests.harness.chart import CHART, CI_VALUES, NAMESPACE, Helm, by_kind, daemonsets, the_daemons
 from tests.harness.require import require
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -49,7 +49,7 @@ def test_template_ci_values(helm: Helm, ci_values: Path) -> None:
     kinds = [d["kind"] for d in docs]
     values = yaml.safe_load(ci_values.read_text()) or {}
     pools = values.get("pools", {})
-    probers = 2 if values.get("kvmProbe", {}).get("enabled") else 1  # the prober's DaemonSet beside each
+    probers = 2 if values.get("kvmProbe", {}).get("enabled", True) else 1  # the prober's DaemonSet beside each
     assert kinds.count("DaemonSet") == max(1, len(pools)) * probers
     for doc in docs:
         assert doc["apiVersion"], doc
@@ -132,9 +132,9 @@ def test_standard_labels(any_helm: Helm) -> None:
 
 def test_fullname_uses_release_when_it_contains_chart_name(any_helm: Helm) -> None:
     docs = any_helm.template(release="ate-devplugin-prod")
-    assert one(docs, "DaemonSet")["metadata"]["name"] == "ate-devplugin-prod"
+    assert the_daemons(docs, "DaemonSet")["metadata"]["name"] == "ate-devplugin-prod"
     docs = any_helm.template(release="x", sets=["nameOverride=kvm-plugin"])
-    assert one(docs, "DaemonSet")["metadata"]["name"] == "x-kvm-plugin"
+    assert the_daemons(docs, "DaemonSet")["metadata"]["name"] == "x-kvm-plugin"
 
 
 def test_namespace_override(any_helm: Helm) -> None:

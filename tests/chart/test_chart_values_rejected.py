@@ -41,6 +41,8 @@ BAD_VALUES: list[tuple[str, str, list[str]]] = [
     ("short-grace", "terminationGracePeriodSeconds: 2", ["/terminationGracePeriodSeconds"]),
     ("bad-digest", "image: {digest: latest}", ["/image/digest"]),
     ("bad-pull-policy", "image: {pullPolicy: Sometimes}", ["/image/pullPolicy"]),
+    ("empty-global-pull-secret", "global: {imagePullSecrets: ['']}", ["/global/imagePullSecrets/0"]),
+    ("global-pull-secret-without-name", "global: {imagePullSecrets: [{secret: x}]}", ["/global/imagePullSecrets/0"]),
     ("bad-log-format", "daemon: {logFormat: xml}", ["/daemon/logFormat"]),
     ("bad-log-level", "daemon: {logLevel: loud}", ["/daemon/logLevel"]),
     ("no-resources", "deviceConfig: {resources: []}", ["/deviceConfig/resources"]),

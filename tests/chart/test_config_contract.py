@@ -15,6 +15,7 @@ refuses the next one, as the chart does.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -31,7 +32,7 @@ from ate_devplugin import config
 from ate_devplugin.cli import build_parser
 from ate_devplugin.config import ConfigError, check_across, decode_resources, resources_from_document
 from ate_devplugin.settings import OPTIONS, RuntimeSettings, resolve
-from tests.harness.chart import CHART, NAMESPACE, RELEASE, REPO, Helm, by_kind, daemonsets
+from tests.harness.chart import CHART, CLUSTER_API, NAMESPACE, RELEASE, REPO, Helm, by_kind, daemonsets
 
 PLUGIN_DIR = "/var/lib/kubelet/device-plugins"  # the chart's default hostPaths.devicePlugins
 # The corpus is rendered for the oldest release, where the chart passes no socket suffix;
@@ -154,6 +155,8 @@ def field_values() -> dict[str, list[Any]]:
             ["A=x"],
         ],
         "allocate": ["devices", "cdi", "both", "CDI", "", "cdi\n", 1, None],
+        "health": ["kvm", "exists", "KVM", "", 1, None],
+        "preferred_allocation": [True, False, "true", 1, None],
         "cdi": [
             {},
             {"file_mode": "0666", "uid": 10001, "gid": 0},
@@ -167,6 +170,87 @@ def field_values() -> dict[str, list[Any]]:
             {"uid": "1"},
             {"mode": "0666"},
             ["0666"],
+        ],
+        "restore_profiles": [
+            {},
+            {"q3": {}},
+            {
+                "q3": {
+                    "features": ["avx2", "cpuid_7_0_ebx_22", "3dnow"],
+                    "vendor": "GenuineIntel",
+                    "kvm_implementations": ["vmx", "pvm"],
+                    "tsc": {"khz": 2100000, "tolerance_ppm": 0},
+                }
+            },
+            {"q3": {"tsc": {"scaling": "require"}}, "q4_2026": {"features": []}, "2026": {}, "on": {}, "1e3": {}},
+            {"n" * config.MAX_PROFILE_NAME_CHARS: {}},
+            {"n" * (config.MAX_PROFILE_NAME_CHARS + 1): {}},
+            {f"p{i}": {} for i in range(config.MAX_RESTORE_PROFILES)},
+            {f"p{i}": {} for i in range(config.MAX_RESTORE_PROFILES + 1)},
+            {"restore-q3": {}},
+            {"Q3": {}},
+            {"q3_": {}},
+            {"q3": None},
+            {"q3": {"features": ["avx_2"]}},
+            {"q3": {"features": ["cpuid_b_0_edx_1"]}},
+            {"q3": {"features": ["cpuid_7_0_ebx_32"]}},
+            {"q3": {"features": ["avx2", "avx2"]}},
+            {"q3": {"features": "avx2"}},
+            {"q3": {"vendor": "Intel"}},
+            {"q3": {"kvm_implementations": ["vmx", "vmx"]}},
+            {"q3": {"tsc": {"khz": 0}}},
+            {"q3": {"tsc": {"khz": 2**32}}},
+            {"q3": {"tsc": {"tolerance_ppm": 1000001}}},
+            {"q3": {"tsc": {"scaling": "always"}}},
+            {"q3": {"cores": 2}},
+            {
+                "q3": {
+                    "cpu_template": {
+                        "msr_modifiers": [],
+                        "cpuid_modifiers": [
+                            {
+                                "leaf": "0x7",
+                                "subleaf": "0b0",
+                                "flags": 1,
+                                "modifiers": [
+                                    {"register": "ebx", "bitmap": "0b" + "1" * 32},
+                                    {"register": "ecx", "bitmap": "x_0_1"},
+                                ],
+                            }
+                        ],
+                    }
+                }
+            },
+            {
+                "q3": {
+                    "cpu_template": {
+                        "cpuid_modifiers": [
+                            {
+                                "leaf": "0x7",
+                                "subleaf": "0x0",
+                                "flags": 1,
+                                "modifiers": [{"register": "ebx", "bitmap": "0b" + "1" * 33}],
+                            }
+                        ]
+                    }
+                }
+            },
+            {
+                "q3": {
+                    "cpu_template": {"cpuid_modifiers": [{"leaf": "7", "subleaf": "0x0", "flags": 1, "modifiers": []}]}
+                }
+            },
+            {
+                "q3": {
+                    "cpu_template": {
+                        "cpuid_modifiers": [{"leaf": "0x1ffffffff", "subleaf": "0x0", "flags": 1, "modifiers": []}]
+                    }
+                }
+            },
+            {"q3": {"cpu_template": {"cpuid_modifiers": [{"leaf": "0x7", "subleaf": "0x0", "modifiers": []}]}}},
+            {"q3": {"cpu_template": {"msr_modifiers": [{"addr": "0x10a", "bitmap": "0b0"}]}}},
+            {"q3": {"cpu_template": {"vcpu_features": [{"index": 0, "bitmap": "0b1"}]}}},
+            ["q3"],
         ],
     }
 
@@ -199,6 +283,14 @@ def corpus() -> list[tuple[str, Any]]:
         ("two-good", [GOOD, {"name": "ate.dev/tun", "devices": ["/dev/net/tun"], "units": 8}]),
         ("units-in-all-at-cap", [{**GOOD, "units": 131072}, {"name": "a.b/c", "devices": ["/dev/x"], "units": 131072}]),
         ("units-in-all-over", [{**GOOD, "units": 131072}, {"name": "a.b/c", "devices": ["/dev/x"], "units": 131073}]),
+        (
+            "profiles-two-names",
+            [{**GOOD, "restore_profiles": {"a": {}}}, {**GOOD, "name": "a.b/c", "restore_profiles": {"b": {}}}],
+        ),
+        (
+            "profile-twice",
+            [{**GOOD, "restore_profiles": {"a": {}}}, {**GOOD, "name": "a.b/c", "restore_profiles": {"a": {}}}],
+        ),
     ]
     rng = random.Random(10)
     keys = list(fields)
@@ -223,8 +315,13 @@ def daemon_verdict(resources: Any) -> tuple[config.ResourceConfig, ...] | Config
 
 
 def _seen(r: config.ResourceConfig) -> tuple[Any, ...]:
-    return (r.name, r.devices, r.units, r.permissions, r.mounts, sorted(r.env),
-            r.allocate, r.cdi_file_mode, r.cdi_uid, r.cdi_gid)  # fmt: skip
+    """Every field of the model: one the chart drops or renders otherwise differs."""
+    return tuple(getattr(r, f.name) for f in dataclasses.fields(r))
+
+
+def test_the_corpus_changes_every_field_of_the_file() -> None:
+    named = {"cdi" if f.name.startswith("cdi_") else f.name for f in dataclasses.fields(config.ResourceConfig)}
+    assert set(field_values()) == named
 
 
 def helm_verdicts(helm: Helm, cases: list[tuple[str, Any]], workdir: Path) -> list[subprocess.CompletedProcess[str]]:
@@ -267,6 +364,9 @@ def test_the_corpus_has_both_verdicts_and_every_rule() -> None:
         "requests.",
         "kubernetes.io",
         "for CDI",
+        "is not a CPUID feature",
+        "is defined in resources[0] already",
+        "MSR modifiers are not supported",
     ):
         assert words in problems, words
 
@@ -325,7 +425,7 @@ def render(helm: Helm, kube: str, values: dict[str, Any], workdir: Path, key: st
     path = workdir / f"{helm.major}-{key}.json"
     path.write_text(json.dumps(values))
     return helm.run("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", kube,
-                    "--values", str(path))  # fmt: skip
+                    "--api-versions", CLUSTER_API, "--values", str(path))  # fmt: skip
 
 
 def expanded(container: dict[str, Any]) -> tuple[list[str], dict[str, str]]:

@@ -215,7 +215,7 @@ def test_helm_test_verifies_through_a_claim(
     cluster_containerd2: Cluster, helm_containerd2: Helm, installed: None
 ) -> None:
     """dra mode: the chart's test pod gets /dev/kvm through a ResourceClaimTemplate of
-    kvm.ate.dev (no extended resource), non-root with no capability, and verify runs a VM."""
+    kvm.ate.dev (no extended resource), UID 0 with no capability, and verify runs a VM."""
     start = time.monotonic()
     out = helm_containerd2.run("test", RELEASE, "--namespace", NAMESPACE, "--logs", "--timeout", "3m", check=False)
     print(f"helm test (dra) exit {out.returncode} after {time.monotonic() - start:.1f}s:\n{out.stdout}{out.stderr}")
@@ -228,6 +228,28 @@ def test_helm_test_verifies_through_a_claim(
     assert request["exactly"]["deviceClassName"] == DEVICE_CLASS
     assert RESOURCE not in pod["spec"]["containers"][0]["resources"].get("limits", {})
     cluster_containerd2.kubectl("delete", "pods", "-n", NAMESPACE, "-l", TEST_SELECTOR, "--wait=true", timeout=120)
+
+
+def test_a_second_dra_release_is_refused_before_anything_is_applied(
+    cluster_containerd2: Cluster, helm_containerd2: Helm, installed: None
+) -> None:
+    """The DeviceClasses are cluster-wide: a second DRA release (its own namespace) that would
+    make its own fails at install, saying whose class it is and what to set; nothing of it is
+    left behind."""
+    start = time.monotonic()
+    out = helm_containerd2.run("install", "second", *helm_containerd2.chart, "--namespace", "second",
+                               "--create-namespace", *helm_containerd2.image_values, "--set", "dra.mode=dra",
+                               check=False)  # fmt: skip
+    print(f"second release: exit {out.returncode} after {time.monotonic() - start:.1f}s: {out.stderr.strip()}")
+    assert out.returncode != 0
+    assert (
+        f"DeviceClass {DEVICE_CLASS} exists already, made by release {RELEASE} in namespace {NAMESPACE}. "
+        "DeviceClasses are cluster-wide"
+    ) in out.stderr, out.stderr
+    assert "install this release with dra.deviceClasses=false" in out.stderr
+    assert helm_containerd2.run("status", "second", "-n", "second", check=False).returncode != 0
+    assert not cluster_containerd2.get_json("daemonsets", "-n", "second")["items"]
+    cluster_containerd2.kubectl("delete", "namespace", "second", "--ignore-not-found", "--wait=false")
 
 
 def test_two_pods_hold_kvm_at_once_the_dra_panels_show_them_and_deleting_them_unprepares(

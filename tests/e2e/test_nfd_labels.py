@@ -2,7 +2,7 @@
 (docs/kvm-health.md, "As node labels (device-plugin mode)").
 
 On the real 1.35 cluster (one node, containerd 1.6, cgroup v1), in device-plugin mode: the
-chart with kvmProbe.enabled and nfd.enabled; its unprivileged daemon writes the feature file
+chart with nfd.enabled (the prober on by default); its unprivileged daemon writes the feature file
 from the prober's verdicts into the node directory the chart mounts (nfd.featuresDir); the
 real nfd-worker (tools/build-nfd.sh; ``local`` sources only, as NFD's DaemonSet runs it,
 its ``features.d`` that same node directory) and nfd-master (in the sandbox, as the control
@@ -16,10 +16,19 @@ Asserted: the Node's ``ate.dev/*`` labels are exactly the file's, and equal to w
 machine's own probe and node facts make of them (``kvmImplementation``, ``kvmHardware``, the
 CPUID digest, ...); the node-affinity example of the docs: a pod requiring the other
 ``kvmHardware`` stays Pending with the scheduler's reason, one requiring the node's
-``cpuidDigest`` is scheduled there and runs; the labels outlive the release (the daemon
-leaves its file) and go once the file goes. Printed: the times from the file written to the
-labels on the Node, and from the file removed to the labels gone (one nfd-worker pass: its
-default sleepInterval, 60 s, as NFD ships it).
+``cpuidDigest`` is scheduled there and runs; the labels expire once the release is gone (the
+daemon leaves its file, but nobody renews its +expiry-time). Printed: the times from the file
+written to the labels on the Node, and from the uninstall to the labels gone (nfd.labelTtl 30 s
+here, then one nfd-worker pass: its sleepInterval, 10 s here; NFD ships 60 s).
+
+Restore placement (docs/restore-placement.md, tests/e2e/restore.py), before the uninstall:
+this node's profile recorded in a pod granted ate.dev/kvm and three profiles built of it put
+in deviceConfig by ``helm upgrade``; the Node's ``ate.dev/restore_<name>`` labels say
+``here`` true, ``one_more`` (a feature this KVM lacks) and ``other_tsc`` false, the same
+daemon logs why once and its metric says ``missing-features`` and ``tsc``; the micro-VM
+worker requiring ``restore_here`` boots its guest, those requiring the others stay Pending
+with the scheduler's reason; an edited ConfigMap makes ``one_more`` restorable without a
+restart, its label turns true and its Pending worker boots.
 
 Private paths only: the node's features.d is a directory of the node's tmpfs; nfd-worker, which
 reads the fixed ``/etc/kubernetes/node-feature-discovery/features.d``, sees that directory
@@ -36,6 +45,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +58,35 @@ from ate_devplugin.kvm.facts import read_node_facts
 from ate_devplugin.kvm.probe import check
 from tests.e2e.cluster import API, Cluster, Node, wait_until
 from tests.e2e.clusters import required
+from tests.e2e.restore import (
+    Profiles,
+    answer_lines,
+    answers,
+    build,
+    excerpt,
+    identity,
+    last_said,
+    record,
+    recorder_pod,
+    said,
+    unschedulable,
+)
 from tests.e2e.sandbox import Process
 from tests.e2e.userpath import (
+    CHART,
+    MICROVM_WORKERS,
     NAMESPACE,
+    RELEASE,
+    TUN,
     WORKLOADS,
     Helm,
+    booted_as_shipped,
     ensure_workload_namespace,
     example_pod,
+    finished,
     run_pod,
     wait_plugin_ready,
+    worker,
 )
 from tests.harness import nfd
 from tests.harness.net import free_port
@@ -68,7 +98,10 @@ FEATURES_DIR = f"{PRIVATE}/features.d"  # nfd.featuresDir: the node's directory 
 FEATURE_FILE = f"{FEATURES_DIR}/{feature_file.FILE_NAME}"
 NFD_NAMESPACE = "node-feature-discovery"  # upstream's (deployment/overlays/default)
 WORKER_PORT = 18081  # nfd-worker's /metrics and /healthz in the node's network namespace
-SLEEP_INTERVAL_S = 60  # nfd-worker's core.sleepInterval, its default: a pass at start, then every 60 s
+# nfd-worker's core.sleepInterval: a pass at start, then every this long. NFD ships 60 s; the
+# module sets 10 s (its passes are most of its time), which changes when, not what, it labels.
+SLEEP_INTERVAL_S = 10
+LABEL_TTL_S = 30  # nfd.labelTtl: the daemon renews the labels' expiry every 10 s
 DOMAIN = "ate.dev"
 
 # nfd-worker in a mount namespace of its own: /etc an overlay (its upper layer in the node's
@@ -185,6 +218,7 @@ def nfd_running(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> I
             "unshare", "--mount", "--propagation", "private", "sh", "-ec", wrapper, "nfd-worker",
             str(worker_bin), f"-kubeconfig={worker_config}", f"-port={WORKER_PORT}",
             "-feature-sources=local", "-label-sources=local", "-no-owner-refs",
+            f'-options={{"core": {{"sleepInterval": "{SLEEP_INTERVAL_S}s"}}}}',
         ], env={**env, "NODE_NAME": node.name})  # fmt: skip
         started.append(worker)
         # Its first pass made the node's NodeFeature (no feature file yet: no labels of ours).
@@ -218,13 +252,12 @@ def nfd_running(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> I
 def release(cluster: Cluster, helm: Helm, nfd_running: Nfd) -> Iterator[Cluster]:
     """The chart with the prober and the feature file, its features.d the node's private one."""
     node = cluster.node
-    # The prober (non-root) opens the node's 0600 /dev/kvm through containerd's device
-    # ownership, on in this cluster (containerd 1.6); the daemon watches a private node.
-    assert node.device_ownership, "the 1.35 cluster's containerd 1.6 runs with device ownership"
+    # The prober is on by default (uid 0, it opens the node's 0600 /dev/kvm); the daemon
+    # watches a private node. The labels live LABEL_TTL_S past the daemon's last renewal.
     node.run(["sh", "-ec", f"mkdir -p {PRIVATE_DEV}; mknod -m 0600 {KVM} c 10 232"])
     try:
-        helm.install("--set", f"hostPaths.dev={PRIVATE_DEV}", "--set", "kvmProbe.enabled=true",
-                     "--set", "nfd.enabled=true", "--set", f"nfd.featuresDir={FEATURES_DIR}")  # fmt: skip
+        helm.install("--set", f"hostPaths.dev={PRIVATE_DEV}", "--set", "nfd.enabled=true",
+                     "--set", f"nfd.featuresDir={FEATURES_DIR}", "--set", f"nfd.labelTtl={LABEL_TTL_S}")  # fmt: skip
         yield cluster
     finally:
         if helm.run("status", "ate-devplugin", "-n", NAMESPACE, check=False).returncode == 0:
@@ -327,26 +360,160 @@ def test_node_affinity_on_the_labels(release: Cluster) -> None:
         cluster.kubectl("delete", "pod", "-n", WORKLOADS, name, "--wait=false", check=False)
 
 
-def test_the_labels_stay_while_the_file_does_and_go_with_it(release: Cluster, helm: Helm) -> None:
-    """The daemon leaves the file at stop (docs: no expiry time yet), so the labels outlive
-    the release; once the file is removed, nfd-worker's next pass drops them and nfd-master
-    takes them off the Node. (Uninstalled first: a running daemon would, by its code, write a
-    removed file again at its next verdict, since nfd.write compares with the file there.)"""
+@pytest.fixture(scope="module")
+def restore_profiles(release: Cluster, helm: Helm) -> tuple[Profiles, tuple[str, int]]:
+    """docs/restore-placement.md in device-plugin mode: this node's profile recorded in a pod
+    granted one unit of ate.dev/kvm, the three profiles of tests/e2e/restore.py added by
+    ``helm upgrade`` (the values as installed; the chart's kvm resource with the profiles, and
+    ate.dev/tun for the micro-VM worker); with the daemon pod's (uid, restartCount) before it."""
+    cluster = release
+    node = cluster.node
+    node.run(["sh", "-ec", f"mkdir -p {PRIVATE_DEV}/net; mknod -m 0600 {PRIVATE_DEV}/net/tun c 10 200"])
+    ensure_workload_namespace(cluster)
+    text, _ = record(cluster, recorder_pod(f"record-{uuid.uuid4().hex[:6]}", MICROVM_WORKERS))
+    built = build(text, cluster.dir / "restore-nfd")
+    print(f"ate-devplugin cpu-profile in a pod granted ate.dev/kvm (uid 0, no capability):\n{excerpt(text)}")
+    installed = cluster.dir / "restore-nfd" / "installed.json"
+    installed.write_text(helm.run("get", "values", RELEASE, "-n", NAMESPACE, "-o", "json").stdout)
+    (kvm,) = yaml.safe_load((CHART / "values.yaml").read_text())["deviceConfig"]["resources"]  # as installed
+    resources = [{**kvm, "restore_profiles": built.profiles}, {"name": TUN, "devices": ["/dev/net/tun"], "units": 1024}]
+    profiles = cluster.dir / "restore-nfd" / "profiles.yaml"
+    profiles.write_text(yaml.safe_dump({"deviceConfig": {"resources": resources}}, sort_keys=False))
+    before = identity(wait_plugin_ready(cluster, node))
+    helm.upgrade("-f", str(installed), "-f", str(profiles))
+    return built, before
+
+
+def _restore_worker(profile: str) -> dict[str, Any]:
+    """The micro-VM worker, required on a node whose label says it restores ``profile``."""
+    pod = worker(f"restore-{profile.replace('_', '-')}-{uuid.uuid4().hex[:6]}")
+    pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": f"{DOMAIN}/restore_{profile}", "operator": "In", "values": ["true"]}]}],
+    }}}  # fmt: skip
+    return pod
+
+
+def _restore_labels(node: Node, expected: dict[str, str]) -> dict[str, str] | None:
+    labels = _ate_labels(node)
+    return labels if all(labels.get(f"{DOMAIN}/restore_{p}") == v for p, v in expected.items()) else None
+
+
+def test_restore_profiles_become_labels_that_place_the_worker(
+    release: Cluster, restore_profiles: tuple[Profiles, tuple[str, int]]
+) -> None:
+    cluster = release
+    node = cluster.node
+    built, before = restore_profiles
+    start = time.monotonic()
+    expected = {"here": "true", "one_more": "false", "other_tsc": "false"}
+    labels = wait_until("the restore labels on the Node", partial(_restore_labels, node, expected),
+                        SLEEP_INTERVAL_S + 90)  # fmt: skip
+    restore = {k: v for k, v in labels.items() if k.startswith(f"{DOMAIN}/restore_")}
+    print(f"Node {node.name}'s labels {time.monotonic() - start:.1f}s after helm upgrade: {restore}; and "
+          f"{({k: labels[f'{DOMAIN}/{k}'] for k in ('cpuVendor', 'cpuModel', 'kvmImplementation')})}")  # fmt: skip
+    found = _file(node)
+    assert found is not None
+    assert {k: v for k, v in found[0].items() if k.startswith(f"{DOMAIN}/restore_")} == restore
+    daemon = wait_plugin_ready(cluster, node)
+    assert identity(daemon) == before, "the daemon restarted"
+    lines = said(cluster, daemon)
+    assert last_said(cluster, daemon) == built.said(), lines
+    assert sorted(lines) == sorted(built.said().values()), f"each said once: {lines}"
+    got = answers(cluster, daemon)
+    assert got == {"here": "restorable", "one_more": "missing-features", "other_tsc": "tsc"}, got
+    print("the daemon's /metrics:", *answer_lines(cluster, daemon), sep="\n  ")
+    print(f"daemon pod (uid, restarts) {before} as before the upgrade; its log: {lines}; "
+          f"ate_devplugin_kvm_restore_answer == 1: {got}")  # fmt: skip
+    pending = [_restore_worker("one_more"), _restore_worker("other_tsc")]
+    for pod in pending:
+        cluster.apply(pod)
+    try:
+        run = run_pod(cluster, _restore_worker("here"))
+        booted_as_shipped(run, cluster.cgroup)
+        assert run.node == node.name
+        for pod in pending:
+            name = pod["metadata"]["name"]
+            message = wait_until(f"{name} unschedulable", partial(unschedulable, cluster, MICROVM_WORKERS, name), 60)
+            assert "didn't match Pod's node affinity/selector" in message, message
+            assert cluster.get_json("pod", "-n", MICROVM_WORKERS, name)["status"]["phase"] == "Pending"
+            print(f"{name}: Pending, PodScheduled False Unschedulable: {message!r}")
+    finally:
+        for pod in pending:
+            cluster.kubectl("delete", "pod", "-n", MICROVM_WORKERS, pod["metadata"]["name"], "--wait=false")
+
+
+def test_a_changed_restore_profile_flips_its_label_without_a_restart(
+    release: Cluster, restore_profiles: tuple[Profiles, tuple[str, int]]
+) -> None:
+    """The ConfigMap edited (as with deviceConfig.existingConfigMap): one_more without its
+    extra feature. The same daemon answers it, nfd-worker's next pass relabels the Node,
+    and the worker Pending on it is scheduled and boots."""
+    cluster = release
+    node = cluster.node
+    built, _ = restore_profiles
+    pod = _restore_worker("one_more")
+    name = pod["metadata"]["name"]
+    cluster.apply(pod)
+    try:
+        wait_until(f"{name} unschedulable", partial(unschedulable, cluster, MICROVM_WORKERS, name), 60)
+        daemon = wait_plugin_ready(cluster, node)
+        before = identity(daemon)
+        config_map = cluster.get_json("configmap", "-n", NAMESPACE, RELEASE)
+        config = yaml.safe_load(config_map["data"]["config.yaml"])
+        (kvm,) = [r for r in config["resources"] if "restore_profiles" in r]
+        kvm["restore_profiles"] = built.flipped()
+        config_map["data"]["config.yaml"] = yaml.safe_dump(config, sort_keys=False)
+        start = time.monotonic()
+        cluster.kubectl("replace", "-f", "-", stdin=json.dumps(config_map))
+        wait_until("the daemon's answer", lambda: answers(cluster, daemon).get("one_more") == "restorable", 120)
+        answered = time.monotonic() - start
+        wait_until("restore_one_more=true on the Node", partial(_restore_labels, node, {"one_more": "true"}),
+                   SLEEP_INTERVAL_S + 60)  # fmt: skip
+        labelled = time.monotonic() - start
+        assert identity(wait_plugin_ready(cluster, node)) == before, "the daemon restarted"
+        assert last_said(cluster, daemon)["one_more"] == "restore profile one_more: restorable"
+        run = finished(cluster, pod)
+        booted_as_shipped(run, cluster.cgroup)
+        print(f"ConfigMap edited (one_more without {built.lacking}): the same daemon {before} answered restorable "
+              f"after {answered:.1f}s, the Node's label true after {labelled:.1f}s, the Pending worker {name} ran "
+              f"on {run.node} after {time.monotonic() - start:.1f}s")  # fmt: skip
+    finally:
+        cluster.kubectl("delete", "pod", "-n", MICROVM_WORKERS, name, "--wait=false")
+
+
+def test_the_labels_expire_once_the_release_is_gone(release: Cluster, helm: Helm) -> None:
+    """The daemon leaves the file at stop (a restarted or rolled daemon renews it), but its
+    labels carry an expiry time it renews every third of nfd.labelTtl: with the release
+    uninstalled nobody renews it, and nfd-worker's first pass past that time drops them, the
+    file itself still there."""
     cluster = release
     node = cluster.node
     before = _ate_labels(node)
     assert before, "the labels are there to begin with"
+    written = _file(node)
+    assert written is not None
+    expiry = _expiry(node)
+    assert expiry is not None, "the file carries +expiry-time"
     helm.uninstall()
+    start = time.time()
     wait_until("the release's pods gone", lambda: not cluster.get_json("pods", "-n", NAMESPACE)["items"], 120)
     left = _file(node)
     assert left is not None, "the daemon left its feature file"
     assert left[0] == before
-    assert _ate_labels(node) == before
-    start = time.time()
-    node.run(["rm", "-f", FEATURE_FILE])
-    wait_until("the ate.dev labels gone from the Node", lambda: not _ate_labels(node), SLEEP_INTERVAL_S + 60)
-    print(f"release uninstalled, labels kept; file removed -> the {len(before)} ate.dev labels gone from the Node "
-          f"in {time.time() - start:.1f}s")  # fmt: skip
+    wait_until(
+        "the ate.dev labels gone from the Node", lambda: not _ate_labels(node), LABEL_TTL_S + SLEEP_INTERVAL_S + 60
+    )
+    assert _file(node) is not None  # gone by their expiry, not by the file's removal
+    print(
+        f"release uninstalled: the file left ({_expiry(node)}), the {len(before)} ate.dev labels gone from the "
+        f"Node {time.time() - start:.1f}s later (nfd.labelTtl {LABEL_TTL_S} s, nfd-worker every {SLEEP_INTERVAL_S} s)"
+    )
+
+
+def _expiry(node: Node) -> str | None:
+    text = node.run(["cat", FEATURE_FILE], check=False).stdout
+    return next((line for line in text.splitlines() if line.startswith("# +expiry-time=")), None)
 
 
 def test_the_worker_and_master_stayed_up(nfd_running: Nfd) -> None:

@@ -35,6 +35,7 @@ import json
 import os
 import re
 import signal
+import stat
 import time
 import uuid
 from collections.abc import Iterator
@@ -76,6 +77,7 @@ from tests.e2e.userpath import (
     TUN,
     Helm,
     booted_as_shipped,
+    ensure_namespace,
     ensure_workload_namespace,
     example_pod,
     helm_test_passed,
@@ -93,7 +95,7 @@ from tests.e2e.userpath import (
 from tests.e2e.vmm import NO_KVM, WORKER_VALUES
 from tests.harness.chart import doc_block, helm_path, prometheus_operator_crds
 from tests.harness.image import BuiltImage, buildah
-from tests.harness.monitoring import reads_dra, reads_kvm_probe, reads_pod_resources
+from tests.harness.monitoring import reads_dra, reads_pod_resources
 
 REPO = Path(__file__).resolve().parents[2]
 #: A group for the device node of scenario 3b (kvm's fixed GID on Fedora and RHEL).
@@ -211,11 +213,14 @@ def node_images(node: Node) -> list[str]:
 
 @pytest.fixture(scope="module")
 def installed(user_cluster: Cluster, user_helm: Helm) -> Iterator[dict[str, Any]]:
-    """chart/README.md's install command, run as it is with helm v3; uninstalled at the end
-    if a test did not do it."""
+    """chart/README.md's install commands, run as they are with helm v3; uninstalled at the
+    end if a test did not do it. The namespace exists beforehand enforcing Pod Security's
+    `baseline`, as one that `--create-namespace` makes on a cluster whose default is baseline:
+    the documented commands must turn it privileged."""
     for node in user_cluster.nodes:
         preloaded = [i for i in node_images(node) if i.startswith("ghcr.io/")]
         assert not preloaded, f"nothing of the release preloaded on {node.name}"
+    ensure_namespace(user_cluster, NAMESPACE, "baseline")
     start = time.monotonic()
     out = user_helm.shell(doc_block("install"), user_cluster.dir)
     ready = [is_ready(p) for p in plugin_pods(user_cluster)]
@@ -239,11 +244,38 @@ def only_plugin_pod(cluster: Cluster, node: Node) -> dict[str, Any]:
 # --- 1. helm install ---------------------------------------------------------------------
 
 
+def pod_security(cluster: Cluster, namespace: str = NAMESPACE) -> str | None:
+    labels: dict[str, str] = cluster.get_json("namespace", namespace)["metadata"].get("labels", {})
+    return labels.get("pod-security.kubernetes.io/enforce")
+
+
+def rollout(docs: list[dict[str, Any]]) -> tuple[int, bool]:
+    """The plugin DaemonSet's maxSurge and whether its pods name their sockets with their UID."""
+    (ds,) = [d for d in docs if d and d["kind"] == "DaemonSet"]
+    args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    return ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"], "--socket-suffix=$(K8S_POD_UID)" in args
+
+
 @every_release
 def test_helm_install_makes_the_node_offer_kvm(
     user_cluster: Cluster, installed: dict[str, Any], user_helm: Helm
 ) -> None:
+    """The documented install, in a namespace that enforced baseline before it: the commands
+    label it privileged. What only 1.37 takes (sockets named with the pod's UID, maxSurge 1)
+    follows this cluster's release, as helm learns it at install and with `helm template
+    --validate`; plain `helm template`, which cannot know it, renders what every release takes."""
     assert "rollout status daemonset/ate-devplugin" in installed["notes"], "NOTES say what to wait on"
+    assert pod_security(user_cluster) == "privileged"
+    newest = tuple(map(int, user_cluster.release.split("."))) >= (1, 37)
+    installed_docs = list(yaml.safe_load_all(user_helm.run("get", "manifest", RELEASE, "-n", NAMESPACE).stdout))
+    chart = (*user_helm.chart, "-n", NAMESPACE)
+    validated = list(yaml.safe_load_all(user_helm.run("template", RELEASE, *chart, "--validate").stdout))
+    offline = list(yaml.safe_load_all(user_helm.run("template", RELEASE, *chart).stdout))
+    renders = {"install": rollout(installed_docs), "template --validate": rollout(validated),
+               "template": rollout(offline)}  # fmt: skip
+    print(f"{user_cluster.release}: maxSurge and socket suffix per render: {renders}")
+    assert renders == {"install": (int(newest), newest), "template --validate": (int(newest), newest),
+                       "template": (0, False)}  # fmt: skip
     verify = user_helm.shell(doc_block("verify"), user_cluster.dir)  # the README's check, as printed
     assert "successfully rolled out" in verify.stdout
     for node in user_cluster.nodes:
@@ -689,11 +721,12 @@ def containerd_device_ownership(node: Node, enabled: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def kvm_node_with_group(node: Node, gid: int) -> Iterator[None]:
-    """/dev/kvm as distributions with a kvm group make it (0660 root:kvm), in the node's
-    mount namespace only: a node of the same major:minor bind-mounted over it."""
+def kvm_node_with_group(node: Node, gid: int, mode: int = 0o660) -> Iterator[None]:
+    """/dev/kvm as distributions with a kvm group make it (0660 root:kvm), or of another
+    ``mode``, in the node's mount namespace only: a node of the same major:minor bind-mounted
+    over it."""
     path = "/run/ate-e2e-kvm"
-    node.run(["sh", "-ec", f"mknod -m 0660 {path} c 10 232; chown 0:{gid} {path}; "
+    node.run(["sh", "-ec", f"mknod -m {mode:04o} {path} c 10 232; chown 0:{gid} {path}; "
                            f"mount --bind {path} /dev/kvm; stat -c '%a %u:%g %t:%T' /dev/kvm"])  # fmt: skip
     try:
         yield
@@ -729,6 +762,60 @@ def test_non_root_pod_with_the_device_group_as_supplemental_group(
     print(f"with the group: {with_group.logs.strip()}; without: exit {without.exit_code}")
     assert re.fullmatch(r"kvm ok - crw-rw---- 1 root 36 10, 232 .+ /dev/kvm", with_group.logs.strip()), with_group
     assert (without.phase, without.exit_code) == ("Failed", 1)
+
+
+#: The /dev/kvm modes distributions make, with the group of each: 0666 (systemd's udev rule),
+#: 0660 root:kvm (Debian, Ubuntu; Fedora's kvm GID here), 0600 root:root (no rule; these machines).
+NODE_MODES = ((0o666, 0), (0o660, KVM_GID), (0o600, 0))
+
+
+def test_helm_test_passes_on_every_common_node_mode_with_the_runtimes_default_ownership(
+    user_cluster: Cluster, installed: dict[str, Any], user_helm: Helm
+) -> None:
+    """`helm test` as the README prints it, containerd's device_ownership_from_security_context
+    off (its default: the container's node is the host node's owner and mode), on /dev/kvm of
+    each common mode: the test pod, UID 0 with no capability, opens all three. Then the pod as
+    UID 10001 on the 0660 node: FAIL, its log naming the node's mode and owner and what to
+    change, and back."""
+    node = user_cluster.node
+    script = doc_block("helm-test")
+    with contextlib.ExitStack() as cleanup:
+        # Test pods stay until the next `helm test`, and helm uninstall leaves hooks' objects.
+        cleanup.callback(user_cluster.kubectl, "delete", "pods", "-n", NAMESPACE, "-l", TEST_SELECTOR, "--wait=true",
+                         timeout=120)  # fmt: skip
+        cleanup.enter_context(containerd_device_ownership(node, enabled=False))
+        for mode, gid in NODE_MODES:
+            with kvm_node_with_group(node, gid, mode):
+                start = time.monotonic()
+                out = user_helm.shell(script, user_cluster.dir)
+                took = time.monotonic() - start
+                (pod,) = helm_test_passed(user_cluster, out.stdout)
+                shown = f"{stat.filemode(0o20000 | mode)} ({mode:04o}) owner 0:{gid} here"
+                print(f"/dev/kvm {mode:04o} 0:{gid}, device ownership off: helm test passed in {took:.1f}s")
+                assert f"  device:          character device 10:232, {shown}\n" in out.stdout, out.stdout
+                assert pod["spec"]["securityContext"]["runAsUser"] == 0
+                if mode != 0o660:
+                    continue
+                user_helm.run("upgrade", RELEASE, *user_helm.chart, "--namespace", NAMESPACE, "--reuse-values",
+                              "--set", "test.podSecurityContext.runAsUser=10001",
+                              "--set", "test.podSecurityContext.runAsGroup=10001",
+                              "--set", "test.podSecurityContext.runAsNonRoot=true")  # fmt: skip
+                try:
+                    failed = user_helm.run("test", RELEASE, "--namespace", NAMESPACE, "--logs", check=False)
+                finally:
+                    user_helm.run("upgrade", RELEASE, *user_helm.chart, "--namespace", NAMESPACE, "--reuse-values",
+                                  "--set", "test.podSecurityContext.runAsUser=0",
+                                  "--set", "test.podSecurityContext.runAsGroup=0",
+                                  "--set", "test.podSecurityContext.runAsNonRoot=false")  # fmt: skip
+                report = failed.stdout
+                print(f"as uid 10001 on {mode:04o} 0:{gid}: exit {failed.returncode}{report.split('POD LOGS:')[-1]}")
+                assert failed.returncode != 0
+                assert f"  device:          character device 10:232, {shown}\n" in report, report
+                assert "  process:         uid 10001, gid 10001, groups 10001; no capabilities\n" in report
+                assert "  refused:         its mode gives uid 10001 (groups 10001) no read-write access (" in report
+                assert f"or add gid {KVM_GID}, the node's group, to the pod's supplementalGroups" in report
+                assert re.search(r"^FAIL no-permission: /dev/kvm: opening character device 10:232: EACCES",
+                                 report, flags=re.MULTILINE), report  # fmt: skip
 
 
 # --- 4. kubelet restart, plugin pod replaced ---------------------------------------------
@@ -841,8 +928,6 @@ def test_every_dashboard_query_returns_data_from_the_cluster(
         for where, expr, instant in dashboard_queries(json.loads(path.read_text())):
             if reads_pod_resources(expr) or reads_dra(expr):
                 continue  # what pods hold and DRA: test_pods_holding_units.py and test_dra.py run these
-            if reads_kvm_probe(expr):
-                continue  # the chart's default is --kvm-probe off: tests/dashboards' probing daemons run these
             query = fill(expr, values)
             checked += 1
             if instant:
@@ -1111,6 +1196,49 @@ def test_helm_uninstall_removes_the_socket_and_the_resource(
         node.wait_resource(RESOURCE, "0")
         if had_tun[node.name]:
             node.wait_resource(TUN, "0")
+
+
+# --- 6b. a namespace that enforces baseline ----------------------------------------------------
+
+
+def test_without_the_label_no_plugin_pod_is_made_and_the_label_admits_them(
+    user_cluster: Cluster, user_helm: Helm
+) -> None:
+    """The install without the namespace's label, where it enforces Pod Security `baseline` (a
+    cluster's default): helm succeeds, the DaemonSet makes no pod, and describing it shows the
+    refusal docs/runbook.md quotes. The label NOTES print then admits the pods without a
+    reinstall. Runs after the uninstall (no release), on 1.35."""
+    ensure_namespace(user_cluster, NAMESPACE, "baseline")
+    start = time.monotonic()
+    user_helm.run("install", RELEASE, *user_helm.chart, "--namespace", NAMESPACE)
+    try:
+        about = "involvedObject.kind=DaemonSet,reason=FailedCreate"
+
+        def refused() -> str | None:
+            events = user_cluster.get_json("events", "-n", NAMESPACE, "--field-selector", about)["items"]
+            return next((e["message"] for e in events), None)
+
+        message = wait_until("the DaemonSet's FailedCreate event", refused, 120)
+        print(f"baseline: {message}")
+        assert re.search(
+            r'pods "ate-devplugin-[a-z0-9]+" is forbidden: violates PodSecurity "baseline:latest": hostPath volumes '
+            r'\(volumes "device-plugins", "host-dev", "pod-resources"\)$',
+            message,
+        ), message  # fmt: skip
+        described = user_cluster.kubectl("describe", "daemonset", "-n", NAMESPACE, RELEASE)
+        assert 'violates PodSecurity "baseline:latest": hostPath volumes' in described, described
+        assert not plugin_pods(user_cluster)
+        notes = user_helm.run("status", RELEASE, "-n", NAMESPACE).stdout
+        label = f"kubectl label namespace {NAMESPACE} --overwrite pod-security.kubernetes.io/enforce=privileged"
+        assert label in notes, notes
+        labelled = time.monotonic()
+        user_cluster.kubectl(*label.split()[1:])
+        wait_plugin_ready(user_cluster)
+        print(f"refused {labelled - start:.1f}s after helm install; plugin pod ready "
+              f"{time.monotonic() - labelled:.1f}s after the label")  # fmt: skip
+    finally:
+        user_helm.uninstall()
+    wait_until("the plugin pods gone", lambda: not plugin_pods(user_cluster), 120)
 
 
 # --- 1 again, with helm v4 ------------------------------------------------------------------

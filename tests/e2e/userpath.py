@@ -100,9 +100,9 @@ TEST_SELECTOR = "app.kubernetes.io/component=test"  # the chart's helm test obje
 
 def helm_test_passed(cluster: Cluster, out: str) -> list[dict[str, Any]]:
     """The chart's `helm test --logs` output ``out``: every test pod succeeded and its log is
-    `ate-devplugin verify`'s report of a VM that ran guest code on API version 12, the test
-    pods themselves non-root with no capability. Prints the pods' user, capabilities, node
-    and each report; returns the pods."""
+    `ate-devplugin verify`'s report of a VM that ran guest code on API version 12, its process
+    with no capability (the report's own line), the pods with no privilege escalation. Prints
+    the pods' user, capabilities, node and each report; returns the pods."""
     names = re.findall(r"^POD LOGS: (\S+)$", out, flags=re.MULTILINE)  # this run's pods
     assert names, out
     pods = [cluster.get_json("pod", "-n", NAMESPACE, name) for name in names]
@@ -113,9 +113,11 @@ def helm_test_passed(cluster: Cluster, out: str) -> list[dict[str, Any]]:
         r"^ate-devplugin verify (\S+)\n(.*?)^(PASS|FAIL)([^\n]*)$", out, flags=re.MULTILINE | re.DOTALL
     )
     assert len(reports) == len(pods), out
+    user = pods[0]["spec"]["securityContext"].get("runAsUser")
     for device, body, verdict, rest in reports:
         assert verdict == "PASS", f"{verdict}{rest}"
         assert "  KVM API version: 12\n" in body, body
+        assert re.search(rf"^  process: +uid {user}, .*; no capabilities$", body, flags=re.MULTILINE), body
         assert "hlt (expected out 0x3f8 '4', out 0x3f8 '\\n', hlt)" in body, body
         assert re.fullmatch(rf": a VM ran guest code on {re.escape(device)} in [0-9.]+ ms", rest), rest
     for pod in pods:
@@ -123,7 +125,6 @@ def helm_test_passed(cluster: Cluster, out: str) -> list[dict[str, Any]]:
         (container,) = spec["containers"]
         (status,) = pod["status"]["containerStatuses"]
         assert (pod["status"]["phase"], status["state"]["terminated"]["exitCode"]) == ("Succeeded", 0)
-        assert spec["securityContext"]["runAsNonRoot"] is True
         assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
         assert container["securityContext"]["allowPrivilegeEscalation"] is False
         user = spec["securityContext"]["runAsUser"]
@@ -212,7 +213,7 @@ def kvm_probe_states(cluster: Cluster, pod: dict[str, Any]) -> dict[str, float]:
     values = metrics(cluster, pod)
     return {
         s: sample(values, "ate_devplugin_kvm_probe_state", resource_name=RESOURCE, state=s) or 0.0
-        for s in ("unverified", "passed", "failed", "prober-gone")
+        for s in ("unverified", "passed", "failed", "cannot-probe", "prober-gone")
     }
 
 
@@ -291,26 +292,34 @@ def run_pod(cluster: Cluster, pod: dict[str, Any], timeout: float = 180) -> Qemu
     container printed, its exit code and the pod's phase."""
     pod = copy.deepcopy(pod)
     pod["metadata"]["name"] += "-" + uuid.uuid4().hex[:6]
-    name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
-    container = pod["spec"]["containers"][0]["name"]
     ensure_workload_namespace(cluster)
     cluster.apply(pod)
+    try:
+        return finished(cluster, pod, timeout)
+    finally:
+        cluster.kubectl("delete", "pod", "-n", pod["metadata"]["namespace"], pod["metadata"]["name"], "--wait=false",
+                        check=False)  # fmt: skip
+
+
+def finished(cluster: Cluster, pod: dict[str, Any], timeout: float = 180) -> QemuRun:
+    """Wait until ``pod`` (made already) ran to completion; what its first container printed,
+    its exit code and the pod's phase. Describes the pod when it does not finish in time."""
+    name, namespace = pod["metadata"]["name"], pod["metadata"]["namespace"]
+    container = pod["spec"]["containers"][0]["name"]
     try:
         wait_until(
             f"pod {name} to finish",
             lambda: cluster.get_json("pod", "-n", namespace, name)["status"].get("phase") in ("Succeeded", "Failed"),
             timeout,
         )
-        got = cluster.get_json("pod", "-n", namespace, name)
-        (status,) = [s for s in got["status"]["containerStatuses"] if s["name"] == container]
-        terminated = status["state"].get("terminated", {})
-        logs = cluster.kubectl("logs", "-n", namespace, name, "-c", container, check=False)
-        return QemuRun(logs, terminated.get("exitCode"), got["status"]["phase"], got["spec"].get("nodeName", ""))
     except ClusterError:
         print(cluster.kubectl("describe", "pod", "-n", namespace, name, check=False))
         raise
-    finally:
-        cluster.kubectl("delete", "pod", "-n", namespace, name, "--wait=false", check=False)
+    got = cluster.get_json("pod", "-n", namespace, name)
+    (status,) = [s for s in got["status"]["containerStatuses"] if s["name"] == container]
+    terminated = status["state"].get("terminated", {})
+    logs = cluster.kubectl("logs", "-n", namespace, name, "-c", container, check=False)
+    return QemuRun(logs, terminated.get("exitCode"), got["status"]["phase"], got["spec"].get("nodeName", ""))
 
 
 def booted_as_shipped(run: QemuRun, cgroup: int, bound_s: float = BOUND_S) -> None:

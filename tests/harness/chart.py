@@ -20,6 +20,10 @@ CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
 HELM_MAJORS = ("v3", "v4")
 NAMESPACE = "ate-system"
 RELEASE = "ate"
+#: An API with its kind: helm's API list names kinds only when it read them from a cluster
+#: (install, upgrade, template --validate), which is how the chart tells the cluster's
+#: release from the one helm puts in offline (ate-devplugin.clusterKnown).
+CLUSTER_API = "apps/v1/DaemonSet"
 
 # The only version of the module the proxy serves here; its CRDs are monitoring.coreos.com/v1.
 PROMETHEUS_OPERATOR_MODULE = "github.com/prometheus-operator/prometheus-operator"
@@ -89,10 +93,16 @@ class Helm:
         namespace: str = NAMESPACE,
         chart: Path = CHART,
         kube_version: str | None = None,
+        cluster: bool = True,
     ) -> str:
+        """``kube_version``: render as helm does against a cluster of that release (its
+        version and an API list naming kinds), or with ``cluster=False`` as `helm template
+        --kube-version` alone does."""
         args = ["template", release, str(chart), "--namespace", namespace]
         if kube_version:
             args += ["--kube-version", kube_version]
+            if cluster:
+                args += ["--api-versions", CLUSTER_API]
         for v in values:
             args += ["--values", str(v)]
         for s in sets:
@@ -134,6 +144,11 @@ def daemonsets(docs: list[Manifest]) -> list[Manifest]:
     found = [d for d in by_kind(docs, "DaemonSet") if not is_kvm_prober(d)]
     assert found, "no DaemonSet"
     return found
+
+
+def the_daemons(docs: list[Manifest], kind: str) -> Manifest:
+    """The one object of ``kind`` that is the daemon's (not the KVM prober's, on by default)."""
+    return one([d for d in by_kind(docs, kind) if not is_kvm_prober(d)], kind)
 
 
 def is_kvm_prober(doc: Manifest) -> bool:

@@ -65,16 +65,6 @@ def reads_dra(expr: str) -> bool:
     return DRA_SERIES.search(expr) is not None
 
 
-# Series of the daemon's KVM probe, all named ate_devplugin_kvm_probe*: the chart's daemon
-# makes none unless kvmProbe.enabled (it runs --kvm-probe off), while the fleet scenario's
-# daemons probe (tests/dashboards runs the queries that read them).
-KVM_PROBE_SERIES = re.compile(r"\bate_devplugin_kvm_probe\w*")
-
-
-def reads_kvm_probe(expr: str) -> bool:
-    return KVM_PROBE_SERIES.search(expr) is not None
-
-
 # Series of kube-state-metrics (kube_*), which reads the API server: the fleet scenario has
 # none; the incident scenario (tests/harness/incident.py) and the e2e clusters do.
 KSM_SERIES = re.compile(r"\bkube_\w+")

@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import re
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
+import yaml
 
-from ate_devplugin.kvm.facts import read_node_facts
+from ate_devplugin.cpu.features import FEATURES
+from ate_devplugin.kvm.facts import cpu_profile, read_node_facts
+from ate_devplugin.kvm.probe import check
 from tests.harness.daemon import DevicePluginDaemon, MakeDaemon
 from tests.harness.devices import DeviceNumber, add_device_node
 from tests.harness.kubelet import BenchError, KubeletBench, Namespace
 from tests.harness.wait import wait_until
 
 KVM = "ate.dev/kvm"
+PROBER = "ate.dev/kvm-prober"
 UNITS = 4096
 NULL = DeviceNumber(1, 3)
 REAL_KVM = DeviceNumber(10, 232)
@@ -82,12 +87,14 @@ def test_a_swap_to_null_and_back_is_followed(kubelet: KubeletBench, daemon: Make
     assert len(failures) == 1  # once while it lasted, however many periodic probes
 
 
-def test_a_kvm_node_that_cannot_be_opened_fails_the_probe_until_it_can(
+def test_a_kvm_node_the_probe_cannot_open_is_said_and_judged_by_existence_until_it_can(
     kubelet: KubeletBench, kubelet_ns: Namespace, daemon: MakeDaemon, device_root: Path
 ) -> None:
     """The real 10:232 node put on a nodev mount at run time: existence and the device
-    number still say KVM, only opening it (the probe, in its child process) says no. No
-    filesystem event tells of a remount: the periodic probe (1 s here) finds it, both ways."""
+    number still say KVM, only opening it (the probe, in its child process) says no. A probe
+    that may not open the device cannot judge it: the units stay Healthy (existence), the
+    state is cannot-probe and /readyz says why. No filesystem event tells of a remount: the
+    periodic probe (1 s here) finds it, both ways."""
     root = str(device_root)
 
     def mount(*options: str) -> None:
@@ -95,19 +102,45 @@ def test_a_kvm_node_that_cannot_be_opened_fails_the_probe_until_it_can(
 
     d = daemon(env=FAST)
     kubelet.wait(KVM, capacity=UNITS, allocatable=UNITS, timeout=30)
+    wait_until(lambda: d.metric("ate_devplugin_kvm_probe_state", resource_name=KVM, state="passed") == 1, 10, "pass")
     mount("--bind")
-    waiting = kubelet.begin_wait(KVM, capacity=UNITS, allocatable=0, timeout=5)
-    denied = time.monotonic_ns()
     mount("-o", "remount,bind,nodev")
-    print(f"nodev -> allocatable 0 in {(waiting.result().done_monotonic_ns - denied) / 1e6:.0f} ms (period 1 s)")
-    assert "KVM probe failed: no-permission: /dev/kvm: opening character device 10:232: EACCES" in readyz(d)
-    assert d.metric("ate_devplugin_kvm_probes_total", resource_name=KVM, reason="no-permission") >= 1
+    wait_until(lambda: d.metric("ate_devplugin_kvm_probe_state", resource_name=KVM, state="cannot-probe") == 1, 10,
+               "cannot-probe")  # fmt: skip
+    assert "KVM probe could not judge the device: no-permission: /dev/kvm: opening character device 10:232: EACCES" in (
+        readyz(d)
+    )
+    assert d.metric("ate_devplugin_kvm_probe_reason", resource_name=KVM, reason="no-permission") == 1
+    kubelet.wait(KVM, capacity=UNITS, allocatable=UNITS, timeout=5)  # existence: still every unit
+    assert d.metric("ate_devplugin_devices", resource_name=KVM, health="unhealthy") == 0
 
-    waiting = kubelet.begin_wait(KVM, capacity=UNITS, allocatable=UNITS, timeout=5)
-    allowed = time.monotonic_ns()
     mount("-o", "remount,bind,dev")
-    print(f"nodev lifted -> allocatable {UNITS} in {(waiting.result().done_monotonic_ns - allowed) / 1e6:.0f} ms")
-    assert d.metric("ate_devplugin_kvm_probe_state", resource_name=KVM, state="passed") == 1
+    wait_until(lambda: d.metric("ate_devplugin_kvm_probe_state", resource_name=KVM, state="passed") == 1, 10, "pass")
+    assert "KVM probe" not in readyz(d)
+
+
+def test_the_probers_resource_is_there_on_every_node_and_while_the_device_fails(
+    kubelet: KubeletBench, daemon: MakeDaemon, device_root: Path
+) -> None:
+    """Socket mode: ate.dev/kvm-prober is advertised, Healthy, with no KVM on the node (the
+    chart's prober pod is admitted and given nothing) and while ate.dev/kvm fails (a 1:3
+    node): the prober is admitted, and given the node that is there."""
+    (device_root / "kvm").unlink()  # a node without KVM
+    d = daemon(
+        env={
+            "ATE_DEVPLUGIN_KVM_PROBE": "socket",
+            "ATE_DEVPLUGIN_KVM_PROBE_SOCKET": str(device_root.parent / "prober" / "prober.sock"),
+        }
+    )
+    kubelet.wait(PROBER, capacity=4, allocatable=4, timeout=30)
+    kubelet.wait(KVM, present=False, timeout=5)
+    nothing = kubelet.allocate("prober-a", "probe", {PROBER: 1})
+    assert (list(nothing.device_ids), nothing.devices) == ([PROBER], [])
+    add_device_node(device_root, "kvm", NULL)
+    kubelet.wait(KVM, capacity=UNITS, allocatable=0, timeout=10)  # not KVM's: Unhealthy, unopened
+    given = kubelet.allocate("prober-b", "probe", {PROBER: 1})
+    assert [(dev.container_path, dev.host_path) for dev in given.devices] == [("/dev/kvm", "/dev/kvm")]
+    assert d.metric("ate_devplugin_devices", resource_name=PROBER, health="healthy") == 4
 
 
 def test_a_resource_that_is_not_kvm_keeps_the_existence_check(
@@ -161,3 +194,46 @@ def test_the_facts_become_an_nfd_feature_file(
     assert not list(features.glob(".*"))  # no temporary file left for nfd-worker to skip
     print("feature file:", len(labels), "labels;", path.read_text().splitlines()[0])
     d.stop()
+
+
+def test_restore_profiles_are_answered_on_the_node_and_follow_a_reload(
+    kubelet: KubeletBench, daemon: MakeDaemon, device_root: Path, tmp_path: Path
+) -> None:
+    """The daemon probing this machine's KVM answers each restore profile as a node label
+    (NFD feature file) and a metric, and says why not once in its log; a reload that changes
+    a profile alone flips its answer, with no restart and no re-registration."""
+    result = check("/dev/kvm", 5)
+    assert result.device_facts is not None, result.message
+    node = cpu_profile(read_node_facts(), result.device_facts)
+    lacking = sorted(set(FEATURES) - node.features)[0]  # a feature this KVM does not offer (3dnow on PVM)
+    have = sorted(node.features)[:5]
+
+    def config(more: list[str]) -> str:
+        profiles = {"here": {"features": have}, "more": {"features": more}}
+        return yaml.safe_dump({"resources": [{"name": KVM, "devices": ["/dev/kvm"], "restore_profiles": profiles}]})
+
+    features = tmp_path / "features.d"
+    features.mkdir()
+    d = daemon(config([*have, lacking]), env={"ATE_DEVPLUGIN_NFD_FEATURES_DIR": str(features)})
+    kubelet.wait(KVM, capacity=UNITS, allocatable=UNITS, timeout=30)
+    path = features / "ate-devplugin-kvm"
+
+    def labels() -> dict[str, str]:
+        text = path.read_text() if path.exists() else ""
+        return dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+
+    wait_until(lambda: labels().get("ate.dev/restore_here") == "true", 10, "the answers as labels")
+    assert labels()["ate.dev/restore_more"] == "false"
+    answer = partial(d.metric, "ate_devplugin_kvm_restore_answer", resource_name=KVM, profile="more")
+    assert answer(answer="missing-features") == 1
+    said = [line["msg"] for line in d.log_lines() if line.get("msg", "").startswith("restore profile more")]
+    assert said[-1] == f"restore profile more: not restorable: 1 feature missing: {lacking}"
+    registrations = d.metric("ate_devplugin_registrations_total", resource_name=KVM, result="success")
+
+    assert d.config_path is not None
+    d.config_path.write_text(config(have))  # the lacking feature asked no more
+    wait_until(lambda: labels().get("ate.dev/restore_more") == "true", 10, "the answer flipped")
+    assert answer(answer="restorable") == 1
+    assert d.running()
+    assert d.metric("ate_devplugin_registrations_total", resource_name=KVM, result="success") == registrations
+    print("restore labels:", {k: v for k, v in labels().items() if "restore_" in k})

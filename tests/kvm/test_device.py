@@ -11,6 +11,7 @@ import io
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -24,7 +25,7 @@ from ate_devplugin.kvm import guest
 from ate_devplugin.kvm.facts import read_node_facts
 from ate_devplugin.kvm.probe import check
 from ate_devplugin.kvm.reasons import Reason
-from ate_devplugin.kvm.runner import Prober
+from ate_devplugin.kvm.runner import ProbeRunner
 from ate_devplugin.kvm.verify import verify
 from tests.harness.devices import DeviceNumber, mknod_char
 from tests.harness.require import require
@@ -84,7 +85,7 @@ async def test_a_0600_kvm_node_probed_as_nobody_is_no_permission() -> None:
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:  # pytest's tmp_path is closed to nobody
         os.chmod(tmp, 0o755)
         node = mknod_char(Path(tmp) / "kvm", DeviceNumber(10, 232), mode=0o600)
-        prober = Prober(command)
+        prober = ProbeRunner(command)
         try:
             result = await prober.probe(str(node), 10)
         finally:
@@ -109,7 +110,7 @@ async def test_a_child_hung_in_kvm_run_is_killed_at_the_parents_deadline() -> No
         "import os, sys; from ate_devplugin.kvm import guest; sys.stdin.readline(); "
         f"guest.run(os.open({KVM!r}, os.O_RDWR), {SPIN!r})"
     )
-    prober = Prober([sys.executable, "-c", hang])
+    prober = ProbeRunner([sys.executable, "-c", hang])
     try:
         start = time.monotonic()
         result = await prober.probe(KVM, 0.5)
@@ -151,6 +152,56 @@ def test_the_verify_command_passes_on_a_kvm_node_and_exits_1_on_another(tmp_path
     assert ok.stdout.splitlines()[-1].startswith(f"PASS: a VM ran guest code on {granted} in ")
     assert bad.returncode == 1, bad
     assert bad.stdout.splitlines()[-1].startswith(f"FAIL not-a-kvm-device: {wrong}: character device 1:3 ")
+
+
+# setpriv's options for a user: root with every capability gone (an empty bounding set and
+# inheritable set leave none after exec), and a non-root user; no privilege escalation for both.
+ROOT_NO_CAPS = ["--reuid=0", "--regid=0", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"]
+NON_ROOT = ["--reuid=10001", "--regid=10001", "--clear-groups"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "gid", "non_root_opens"), [(0o666, 0, True), (0o660, 36, False), (0o600, 0, False)]
+)  # fmt: skip
+def test_root_without_capabilities_opens_a_root_owned_node_of_every_common_mode(
+    mode: int, gid: int, non_root_opens: bool
+) -> None:
+    """What the helm test pod relies on (chart/README.md, "helm test"), on the real device: uid 0
+    with no capability and no_new_privs gets the owner's bits of a root-owned node, so `verify`
+    passes on 0666, 0660 root:kvm and 0600 root:root; uid 10001 only on 0666, and its FAIL names
+    the node's mode and owner and what would let it open it."""
+    setpriv = shutil.which("setpriv")
+    require(setpriv, "setpriv not found; install with: apt-get install -y util-linux")
+    assert setpriv is not None
+    python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable  # /root is closed to others
+    script = (
+        "import asyncio, sys; from ate_devplugin.kvm import verify, facts; "
+        "sys.exit(asyncio.run(verify.verify(facts.read_node_facts(), sys.stdout, sys.argv[1], 10)))"
+    )
+    with tempfile.TemporaryDirectory(dir="/tmp") as tmp:  # pytest's tmp_path is closed to others
+        os.chmod(tmp, 0o755)
+        node = mknod_char(Path(tmp) / "kvm", DeviceNumber(10, 232), mode=mode)
+        os.chown(node, 0, gid)
+        command = ["--no-new-privs", "env", f"PYTHONPATH={APP}", python, "-c", script, str(node)]
+        root, other = (
+            subprocess.run([setpriv, *who, *command], capture_output=True, text=True, timeout=60, check=False)
+            for who in (ROOT_NO_CAPS, NON_ROOT)
+        )
+    print(root.stdout + other.stdout)
+    shown = f"character device 10:232, {stat.filemode(0o20000 | mode)} ({mode:04o}) owner 0:{gid} here"
+    assert f"  device:          {shown}" in root.stdout.splitlines()
+    assert "  process:         uid 0, gid 0, groups 0; no capabilities" in root.stdout.splitlines()
+    assert (root.returncode, root.stdout.splitlines()[-1].split(":")[0]) == (0, "PASS"), root.stderr
+    if non_root_opens:
+        assert other.returncode == 0, other.stdout + other.stderr
+        return
+    report = other.stdout.splitlines()
+    assert other.returncode == 1, other.stderr
+    assert report[-1] == f"FAIL no-permission: {node}: opening character device 10:232: EACCES (Permission denied)"
+    assert "  refused:         its mode gives uid 10001 (groups 10001) no read-write access (" in "\n".join(report)
+    assert any(line.endswith("run as uid 0 with every capability dropped (root without CAP_DAC_OVERRIDE has "
+                             "the owner's bits only)") for line in report)  # fmt: skip
+    assert any(f"add gid {gid}, the node's group" in line for line in report) == (gid != 0)
 
 
 def test_the_node_facts_agree_with_lscpu_and_uname_and_name_pvm_here() -> None:

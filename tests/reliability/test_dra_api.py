@@ -193,8 +193,13 @@ def test_a_slice_at_the_last_generation_leaves_the_pool_writable(
     assert fresh["spec"]["pool"]["generation"] == 1
     (device_root / "kvm.away").rename(device_root / "kvm")
     wait_until(lambda: published(api, node, d, 4), 60, "slots back")
-    for op in ("create", "update"):  # no write was refused: none carried a generation past the limit
-        assert count(d, "ate_devplugin_dra_slice_writes_total", op=op, result="failure") == 0
+    # No write was refused for its generation: none carried one past the limit. The only
+    # failure a write may meet here is a conflict with the PUT above, when the daemon wrote
+    # before its watch had seen it (a stale resourceVersion, retried): 4 runs in 5 here.
+    failed = [line["msg"] for line in d.log_lines() if line["msg"].startswith("writing resource slices failed")]
+    assert all(": 409 " in msg and "has been modified" in msg for msg in failed), failed
+    assert count(d, "ate_devplugin_dra_slice_writes_total", op="create", result="failure") == 0
+    assert count(d, "ate_devplugin_dra_slice_writes_total", op="update", result="failure") == len(failed)
 
 
 def test_an_api_server_that_hangs_fails_prepare_with_a_reason_and_stop_is_bounded(

@@ -210,7 +210,11 @@ def test_the_options_of_run_are_the_table_of_options() -> None:
         assert (action.option_strings, action.metavar) == ([OPTIONS[key].flag], OPTIONS[key].metavar)
 
 
-@pytest.mark.parametrize("command", [(), ("run",), ("check-config",), ("probe",), ("verify",), ("version",)])
+@pytest.mark.parametrize(
+    "command",
+    [(), ("run",), ("check-config",), ("probe",), ("verify",), ("cpu-profile",), ("restore-profile",),
+     ("restorable",), ("version",)],
+)  # fmt: skip
 def test_help_is_plain_text(command: tuple[str, ...]) -> None:
     text = _help(*command)
     for markup in ("``", ":class:", ":func:", ".. ", "**"):
@@ -220,7 +224,7 @@ def test_help_is_plain_text(command: tuple[str, ...]) -> None:
 
 def test_top_level_and_check_config_help() -> None:
     top = " ".join(_help().split())
-    assert "{run,check-config,probe,verify,version}" in top
+    assert "{run,check-config,probe,verify,cpu-profile,restore-profile,restorable,version}" in top
     assert "ATE_DEVPLUGIN_* environment variable" in top
     assert "2 bad configuration or usage" in top
     check = " ".join(_help("check-config").split())
@@ -262,7 +266,7 @@ def test_verify_on_a_device_that_is_not_kvm_fails_with_its_reason_last() -> None
     assert result.returncode == 1, result
     report = result.stdout.splitlines()
     assert report[0] == "ate-devplugin verify /dev/null"
-    assert "  device:          character device 1:3" in report
+    assert "  device:          character device 1:3, crw-rw-rw- (0666) owner 0:0 here" in report
     assert report[-1].startswith("FAIL not-a-kvm-device: /dev/null: character device 1:3 does not answer"), report
     assert result.stderr == ""
 
@@ -276,6 +280,8 @@ def test_verify_json_is_one_object_for_scripts(tmp_path: Path) -> None:
     assert (found["result"]["reason"], found["result"]["passed"]) == ("missing", False)
     assert found["result"]["message"] == f"{missing}: no such device node"
     assert set(found["node"]) >= {"architecture", "kvm_implementation", "kernel_release"}
+    assert found["access"]["device_node"] is None  # nothing to stat
+    assert found["access"]["process"]["uid"] == os.geteuid()
 
 
 @pytest.mark.parametrize("timeout", ["0", "-1", "x", "nan", "inf", "301"])

@@ -48,7 +48,10 @@ KVM_AND_TUN = "resources: [{name: ate.dev/kvm, devices: [/dev/kvm]}, {name: ate.
 
 
 def found(config: ResourceConfig, root: str) -> Discovery:
-    return Discovery(nodes=tuple(DeviceNode(d, 10, 200) for d in config.devices), complete=True)
+    """Every device present: /dev/kvm as KVM's 10:232, any other as 10:200."""
+    return Discovery(
+        nodes=tuple(DeviceNode(d, 10, 232 if d == "/dev/kvm" else 200) for d in config.devices), complete=True
+    )
 
 
 class Setup:
@@ -60,7 +63,7 @@ class Setup:
             "device_root": str(tmp_path / "dev"),
             "plugin_dir": str(tmp_path / "plugins"),
             "cdi_dir": str(tmp_path / "cdi"),
-            "kvm_probe": "off",  # these nodes are 10:200; tests/unit/kvmhealth probes
+            "kvm_probe": "off",  # nothing opens these nodes; tests/unit/kvmhealth probes
             **(flags or {}),
         }
         if config is not None:
@@ -283,12 +286,12 @@ async def test_cdi_specs_follow_the_devices_and_the_config(tmp_path: Path) -> No
     kvm, tun = tmp_path / "cdi/ate.dev-kvm.json", tmp_path / "cdi/ate.dev-tun.json"
     task = await running(s)
     assert json.loads(kvm.read_text())["devices"][0]["containerEdits"]["deviceNodes"] == [
-        {"path": "/dev/kvm", "type": "c", "major": 10, "minor": 200, "permissions": "rw", "fileMode": 438}
+        {"path": "/dev/kvm", "type": "c", "major": 10, "minor": 232, "permissions": "rw", "fileMode": 438}
     ]
     assert tun.exists()
 
     # A node appears: the spec carries it after the next discovery.
-    two = (DeviceNode("/dev/kvm", 10, 200), DeviceNode("/dev/kvm2", 10, 201))
+    two = (DeviceNode("/dev/kvm", 10, 232), DeviceNode("/dev/kvm2", 10, 201))
     s.discovered["ate.dev/kvm"] = Discovery(nodes=two, complete=True)
     s.daemon.put(FsEvent("created", str(tmp_path / "dev/kvm2"), "", False))
     await until(lambda: len(json.loads(kvm.read_text())["devices"][0]["containerEdits"]["deviceNodes"]) == 2, "2 nodes")

@@ -14,6 +14,7 @@ from ate_devplugin.config import DEFAULT_RESOURCES, ConfigError, ResourceConfig
 from ate_devplugin.config.checks import check_across
 from ate_devplugin.settings import (
     OPTIONS,
+    PARTS,
     DaemonSettings,
     DevicePluginSettings,
     DraSettings,
@@ -194,12 +195,18 @@ def test_the_mode_alone_names_its_source() -> None:
 
 
 def test_dra_settings_default_to_the_kubelet_paths() -> None:
-    default = resolve({}, {"NODE_NAME": "n"}).part(RuntimeSettings)
-    assert (default.mode, default.device_plugin, default.dra) == ("device-plugin", True, False)
+    default = resolve({}, {"NODE_NAME": "n"})
+    assert (default.part(RuntimeSettings).mode, default.part(RuntimeSettings).dra) == ("device-plugin", False)
+    assert default.part(DevicePluginSettings).serves_resources
     both = resolve({"mode": "BOTH"}, {"ATE_DEVPLUGIN_NODE_NAME": "m", "NODE_NAME": "n"})
     runtime = both.part(RuntimeSettings)
     dra = both.part(DraSettings)
-    assert (runtime.device_plugin, runtime.dra, dra.node_name, dra.dra_slots) == (True, True, "m", 32)
+    assert (both.part(DevicePluginSettings).serves_resources, runtime.dra, dra.node_name, dra.dra_slots) == (
+        True,
+        True,
+        "m",
+        32,
+    )
     assert dra.registration_socket == "/var/lib/kubelet/plugins_registry/ate.dev-reg.sock"
     assert dra.socket == "/var/lib/kubelet/plugins/ate.dev/dra.sock"
     # An empty flag or variable is not a name: NODE_NAME is read then.
@@ -229,9 +236,6 @@ def test_each_subsystem_gets_its_own_part() -> None:
     assert dra_only.part(PodResourcesSettings).checkpoint is None
 
 
-PARTS = (RuntimeSettings, DevicePluginSettings, PodResourcesSettings, DraSettings, DaemonSettings)
-
-
 def _makes(check: Any) -> Any:
     """The type of value an option's check makes (a function, or an object called)."""
     return typing.get_type_hints(check if inspect.isfunction(check) else type(check).__call__)["return"]
@@ -239,8 +243,8 @@ def _makes(check: Any) -> Any:
 
 @pytest.mark.parametrize("part", PARTS, ids=[p.__name__ for p in PARTS])
 def test_each_part_field_is_an_option_or_a_timing_of_its_type(part: type[Any]) -> None:
-    """Parts are filled by name (Settings.part): a field names an option or a timing (or
-    keeps its default), and holds the type that option's check makes."""
+    """Every part of the registry (settings.PARTS): a field names an option or a timing (or
+    keeps its default), holds the type that option's check makes, and is filled with its value."""
     timing = typing.get_type_hints(Timing)
     hints = typing.get_type_hints(part)
     for f in fields(part):
@@ -250,15 +254,22 @@ def test_each_part_field_is_an_option_or_a_timing_of_its_type(part: type[Any]) -
             assert hints[f.name] == timing[f.name], f"{part.__name__}.{f.name}"
         else:
             assert f.default is not MISSING, f"{part.__name__}.{f.name}: no option or timing of that name"
-    assert isinstance(resolve({"mode": "both"}, {"NODE_NAME": "n"}).part(part), part)
+    settings = resolve({"mode": "both"}, {"NODE_NAME": "n"})
+    built = settings.part(part)
+    assert isinstance(built, part)
+    for f in fields(part):
+        if f.name in OPTIONS:
+            assert getattr(built, f.name) == settings.values[f.name], f"{part.__name__}.{f.name}"
+        elif f.name in timing:
+            assert getattr(built, f.name) == getattr(settings.timing, f.name), f"{part.__name__}.{f.name}"
 
 
-def test_a_part_field_named_after_nothing_cannot_be_filled() -> None:
+def test_a_class_that_is_not_a_part_cannot_be_made() -> None:
     @dataclass(frozen=True)
     class Typo:
-        dra_slot: int  # not dra_slots
+        dra_slot: int  # not a part: nobody says how to fill it
 
-    with pytest.raises(TypeError, match="dra_slot"):
+    with pytest.raises(TypeError, match="Typo is not a settings part"):
         resolve({}, {}).part(Typo)
 
 

@@ -15,8 +15,17 @@ the CLI can print one line per problem and exit 2. What the rest of the
 daemon uses is importable from here.
 """
 
-from ate_devplugin.config.checks import cdi_name_problem, check_across, resource_from, resources_from_document
-from ate_devplugin.config.errors import MAX_PROBLEMS, ConfigError, Problem, Problems
+from ate_devplugin.config.checks import (
+    PROFILE_COLLISION,
+    cdi_name_problem,
+    check_across,
+    profile_entry,
+    resource_from,
+    resources_from_document,
+    restore_profile,
+    template_effect,
+)
+from ate_devplugin.config.errors import EXIT_CONFIG, MAX_PROBLEMS, ConfigError, Problem, Problems, config_error
 from ate_devplugin.config.files import (
     MAX_CONFIG_BYTES,
     MAX_YAML_NODES,
@@ -48,9 +57,12 @@ from ate_devplugin.config.model import (
     MAX_MOUNTS,
     MAX_NAME_PART_CHARS,
     MAX_PATH_CHARS,
+    MAX_PROFILE_NAME_CHARS,
     MAX_RESOURCES,
+    MAX_RESTORE_PROFILES,
     MAX_SOCKET_PATH,
     MAX_TOTAL_UNITS,
+    RESTORE_PREFIX,
     SOCKET_CHARS,
     MountConfig,
     ResourceConfig,
@@ -58,7 +70,7 @@ from ate_devplugin.config.model import (
     max_units,
     socket_name,
 )
-from ate_devplugin.config.schema import DOCUMENT, RESOURCE, RESOURCES
+from ate_devplugin.config.schema import CPU_TEMPLATE, DOCUMENT, RESOURCE, RESOURCES
 
 __all__ = [
     "ALLOCATE_BOTH",
@@ -66,10 +78,12 @@ __all__ = [
     "ALLOCATE_DEVICES",
     "ALLOCATE_MODES",
     "CONFIG_VERSION",
+    "CPU_TEMPLATE",
     "DEFAULT_PERMISSIONS",
     "DEFAULT_RESOURCES",
     "DEFAULT_UNITS",
     "DOCUMENT",
+    "EXIT_CONFIG",
     "MAX_CONFIG_BYTES",
     "MAX_DEVICES",
     "MAX_DOMAIN_CHARS",
@@ -82,12 +96,16 @@ __all__ = [
     "MAX_NAME_PART_CHARS",
     "MAX_PATH_CHARS",
     "MAX_PROBLEMS",
+    "MAX_PROFILE_NAME_CHARS",
     "MAX_RESOURCES",
+    "MAX_RESTORE_PROFILES",
     "MAX_SOCKET_PATH",
     "MAX_TOTAL_UNITS",
     "MAX_YAML_NODES",
+    "PROFILE_COLLISION",
     "RESOURCE",
     "RESOURCES",
+    "RESTORE_PREFIX",
     "SOCKET_CHARS",
     "ConfigError",
     "MountConfig",
@@ -96,6 +114,7 @@ __all__ = [
     "ResourceConfig",
     "cdi_name_problem",
     "check_across",
+    "config_error",
     "decode",
     "decode_resources",
     "is_glob",
@@ -103,10 +122,13 @@ __all__ = [
     "load_resources",
     "max_units",
     "parse_resources",
+    "profile_entry",
     "read_again",
     "read_bounded",
     "read_config_file",
     "resource_from",
     "resources_from_document",
+    "restore_profile",
     "socket_name",
+    "template_effect",
 ]

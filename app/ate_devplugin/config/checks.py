@@ -1,7 +1,8 @@
 """The rules a schema cannot say: within one resource (units within the kubelet's message
 limit for the name's length, a CDI-able name) and across resources (unique names and
-socket files, socket paths that fit a unix socket address, units in all). The chart
-carries the same rules in ``_deviceconfig.tpl`` (tools/gen-config-schema.py).
+socket files, socket paths that fit a unix socket address, units in all, restore profile
+names defined once on the node). The chart carries the same rules in ``_deviceconfig.tpl``
+(tools/gen-config-schema.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ from ate_devplugin.config.model import (
 )
 from ate_devplugin.config.rules import Field, Then
 from ate_devplugin.config.schema import DOCUMENT, RESOURCE, RESOURCES
+from ate_devplugin.cpu.features import canonical
+from ate_devplugin.cpu.restore import RestoreProfile, TscRule
+from ate_devplugin.cpu.template import Effect, effect, modifier
+
+# A profile's answer is a node label too: one name, one profile, on the node ({} is the
+# resource's index).
+PROFILE_COLLISION = "is defined in resources[{}] already: its answer is one node label, so a name is defined once"
 
 
 def cdi_name_problem(resource_name: str) -> str | None:
@@ -65,6 +73,8 @@ def resource_from(m: dict[str, Any], where: str) -> ResourceConfig:
         cdi_gid=m.get("cdi", {}).get("gid"),
         preferred_allocation=m.get("preferred_allocation", False),
         health=m.get("health"),
+        # by name: their order in the file means nothing (helm's toYaml sorts them, for one)
+        restore_profiles=tuple(restore_profile(n, p) for n, p in sorted(m.get("restore_profiles", {}).items())),
     )
     problems = Problems()
     if resource.probes_kvm and is_glob(resource.probed_device):
@@ -81,6 +91,45 @@ def resource_from(m: dict[str, Any], where: str) -> ResourceConfig:
         )
     problems.raise_any()
     return resource
+
+
+def restore_profile(name: str, m: dict[str, Any]) -> RestoreProfile:
+    """A checked restore profile as the model's: canonical feature names, less what its
+    template clears and with what it sets."""
+    named = frozenset(canonical(f) or f for f in m.get("features", ()))
+    template = m.get("cpu_template")
+    tsc = m.get("tsc")
+    return RestoreProfile(
+        name=name,
+        features=template_effect(template).apply(named) if template is not None else named,
+        vendor=m.get("vendor", ""),
+        kvm_implementations=frozenset(m.get("kvm_implementations", ())),
+        tsc=None if tsc is None else TscRule(**tsc),  # its keys are the rule's fields
+    )
+
+
+def profile_entry(profile: RestoreProfile) -> dict[str, Any]:
+    """A profile as the config file says it (what restore_profile reads back as it is)."""
+    entry: dict[str, Any] = {}
+    if profile.vendor:
+        entry["vendor"] = profile.vendor
+    if profile.kvm_implementations:
+        entry["kvm_implementations"] = sorted(profile.kvm_implementations)
+    if profile.features:
+        entry["features"] = sorted(profile.features)
+    if (tsc := profile.tsc) is not None:
+        khz = {} if tsc.khz is None else {"khz": tsc.khz}
+        entry["tsc"] = {**khz, "tolerance_ppm": tsc.tolerance_ppm, "scaling": tsc.scaling}
+    return entry
+
+
+def template_effect(template: dict[str, Any]) -> Effect:
+    """What a checked Firecracker template (schema.CPU_TEMPLATE) does to a guest's features."""
+    return effect(
+        modifier(leaf["leaf"], leaf["subleaf"], m["register"], m["bitmap"])
+        for leaf in template.get("cpuid_modifiers", ())
+        for m in leaf["modifiers"]
+    )
 
 
 # The document as the daemon reads it: each resource is made (and its model rules checked)
@@ -100,7 +149,14 @@ def check_across(resources: tuple[ResourceConfig, ...], plugin_dir: str | None =
     their names, and units in all within the memory budget. Raises ConfigError with every problem found."""
     problems = Problems()
     seen: dict[str, int] = {}
+    profiles: dict[str, int] = {}
     for i, r in enumerate(resources):
+        for p in r.restore_profiles:
+            if p.name in profiles:
+                problems.add(
+                    ConfigError(f"resources[{i}].restore_profiles.{p.name}", PROFILE_COLLISION.format(profiles[p.name]))
+                )
+            profiles.setdefault(p.name, i)
         collides = next((seen[key] for key in (r.name, r.socket_name) if key in seen), None)
         if collides is not None:
             problems.add(ConfigError(f"resources[{i}].name", f"{r.name!r} collides with resources[{collides}]"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -9,6 +10,7 @@ from typing import Any
 
 # A file can hold thousands of wrong values; this many are shown, then how many more.
 MAX_PROBLEMS = 20
+EXIT_CONFIG = 2  # every command's exit code for a bad configuration or usage
 
 
 @dataclass(frozen=True)
@@ -47,10 +49,6 @@ class ConfigError(ValueError):
         error.omitted = omitted + max(0, len(problems) - MAX_PROBLEMS)
         error.args = (str(error),)
         return error
-
-    @property
-    def field_name(self) -> str:
-        return self.problems[0].field
 
     @property
     def problem(self) -> str:
@@ -115,3 +113,10 @@ def shown(value: Any) -> str:
     except RecursionError:  # nested thousands deep
         return f"a deeply nested {type(value).__name__}"
     return text if len(text) <= 80 else text[:60] + f"... ({len(text)} characters)"
+
+
+def config_error(exc: ConfigError) -> int:
+    """Says every problem on a line of its own, before anything started; the exit code."""
+    for line in exc.lines():
+        print(f"ate-devplugin: config error: {line}", file=sys.stderr)
+    return EXIT_CONFIG

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from ate_devplugin.cpu.restore import RestoreProfile
 
 CONFIG_VERSION = 1
 DEFAULT_UNITS = 4096
@@ -49,6 +51,18 @@ HEALTH_KVM = "kvm"
 HEALTH_CHECKS = (HEALTH_EXISTS, HEALTH_KVM)
 KVM_DEVICE = "/dev/kvm"
 
+# Restore profiles (cpu/restore.py): each is answered per KVM resource as a DRA attribute
+# restore_<name> and a node label <domain>/restore_<name>. A DRA device has at most 32
+# attributes and capacities: 22 KVM attributes and the shareable device's capacity leave
+# 9; one is kept for a fact to come. A name fits a C identifier of 32 with the prefix.
+MAX_RESTORE_PROFILES = 8
+RESTORE_PREFIX = "restore_"
+MAX_PROFILE_NAME_CHARS = 32 - len(RESTORE_PREFIX)
+MAX_PROFILE_FEATURES = 1024
+MAX_TEMPLATE_LEAVES = 256  # a Firecracker template as its helper dumps it: one entry per leaf KVM offers
+KVM_IMPLEMENTATIONS = ("vmx", "svm", "pvm")
+CPU_VENDORS = ("GenuineIntel", "AuthenticAMD", "HygonGenuine", "CentaurHauls")
+
 
 @dataclass(frozen=True)
 class MountConfig:
@@ -80,6 +94,13 @@ class ResourceConfig:
     preferred_allocation: bool = False
     # --- health: None is the default for the devices (default_health)
     health: str | None = None
+    # --- what snapshots this node can restore, judged from the KVM probe's CPU profile
+    restore_profiles: tuple[RestoreProfile, ...] = ()
+
+    def serves_as(self, other: ResourceConfig) -> bool:
+        """Whether it is served as ``other`` is: equal but for the restore profiles, which
+        change what is said of the node, not what is served (a reload then restarts nothing)."""
+        return replace(self, restore_profiles=()) == replace(other, restore_profiles=())
 
     @property
     def probes_kvm(self) -> bool:

@@ -200,21 +200,21 @@ class Items:
 
 @dataclass(frozen=True)
 class Table:
-    """A mapping of names (``key``) to values."""
+    """A mapping of names (``key``) to values (``value``: any rule)."""
 
     key: Text
-    value: Text
+    value: Rule
     max_items: int
     description: str = ""
 
-    def check(self, raw: Any, where: str) -> dict[str, str]:
+    def check(self, raw: Any, where: str) -> dict[str, Any]:
         if not isinstance(raw, dict):
             hint = _EMPTY if raw is None else "write NAME: value entries, not a list" if isinstance(raw, list) else ""
             raise ConfigError(where, "must be a mapping of names to values", hint)
         if len(raw) > self.max_items:
             raise ConfigError(where, f"must have at most {self.max_items} entries (got {len(raw)})")
         problems = Problems()
-        out: dict[str, str] = {}
+        out: dict[str, Any] = {}
         for k, v in raw.items():
             name = _key(where, k)
             with problems.gathered():
@@ -234,6 +234,22 @@ class Table:
         out["propertyNames"] = {k: v for k, v in self.key.schema().items() if k not in ("type", "description")}
         out["additionalProperties"] = self.value.schema()
         return out
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A list field another program's format has and this one refuses, saying why (an empty
+    list says nothing and passes); the schema refuses the same (``maxItems: 0``)."""
+
+    problem: str
+
+    def check(self, raw: Any, where: str) -> list[Any]:
+        if raw != []:
+            raise ConfigError(where, self.problem)
+        return []
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "array", "maxItems": 0, "description": f"Refused: {self.problem}."}
 
 
 @dataclass(frozen=True)
@@ -310,7 +326,7 @@ class Then:
         return self.rule.schema()
 
 
-Rule = Text | Integer | Flag | Items | Table | Record | Then
+Rule = Text | Integer | Flag | Items | Table | Unsupported | Record | Then
 
 
 def _near(word: str, known: tuple[str, ...]) -> str:

@@ -13,12 +13,14 @@ from ate_devplugin.config.model import (
     ALLOCATE_DEVICES,
     ALLOCATE_MODES,
     CONFIG_VERSION,
+    CPU_VENDORS,
     DEFAULT_PERMISSIONS,
     DEFAULT_UNITS,
     HEALTH_CHECKS,
     HEALTH_EXISTS,
     HEALTH_KVM,
     KVM_DEVICE,
+    KVM_IMPLEMENTATIONS,
     MAX_DEVICES,
     MAX_DOMAIN_CHARS,
     MAX_ENV,
@@ -28,9 +30,24 @@ from ate_devplugin.config.model import (
     MAX_MOUNTS,
     MAX_NAME_PART_CHARS,
     MAX_PATH_CHARS,
+    MAX_PROFILE_FEATURES,
+    MAX_PROFILE_NAME_CHARS,
     MAX_RESOURCES,
+    MAX_RESTORE_PROFILES,
+    MAX_TEMPLATE_LEAVES,
+    RESTORE_PREFIX,
 )
-from ate_devplugin.config.rules import Field, Flag, Integer, Items, Pattern, Record, Table, Text
+from ate_devplugin.config.rules import Field, Flag, Integer, Items, Pattern, Record, Table, Text, Unsupported
+from ate_devplugin.cpu.features import FEATURES, MAX_NAME_CHARS, NAME_PATTERN, REGISTER_NAMES
+from ate_devplugin.cpu.restore import (
+    DEFAULT_TOLERANCE_PPM,
+    PPM,
+    SCALING,
+    SCALING_ACCEPT,
+    SCALING_IGNORE,
+    SCALING_REQUIRE,
+)
+from ate_devplugin.cpu.template import BITMAP_PATTERN, NUMBER_PATTERN
 
 _CONTROL = r"\x00-\x1f\x7f"
 # One path segment: not empty, not '.' or '..', no '/' and no control character.
@@ -41,6 +58,24 @@ _NO_CONTROL = Pattern(rf"(?s:.*[{_CONTROL}].*)", "must not contain a control cha
 _ABSOLUTE = Pattern(r"/.*", "must be an absolute path")
 _NORMAL = "must be a normal path: no '.', '..' or empty parts, no trailing '/'"
 _LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+
+
+def _choice(choices: tuple[str, ...], description: str) -> Text:
+    return Text(
+        (_NO_CONTROL, Pattern("|".join(choices), f"must be one of {', '.join(choices)}")),
+        max(len(c) for c in choices),
+        description,
+        choices=choices,
+    )
+
+
+def _number(description: str) -> Text:
+    return Text((_NO_CONTROL, Pattern(NUMBER_PATTERN, _NUMBER)), 40, description)
+
+
+_NUMBER = "must be a number of at most 32 bits in quotes, 0x... (hex) or 0b... (binary), as Firecracker reads it"
+_BITMAP = "must be a bitmap of at most 32 digits from 0, 1 and x ('0b' may lead, '_' separates)"
+_FEATURE = "is not a CPUID feature: /proc/cpuinfo's name, or cpuid_<leaf in hex>_<subleaf>_<register>_<bit>"
 
 
 def _path(description: str, under: str = "", problem: str = "") -> Text:
@@ -118,6 +153,118 @@ CDI_FIELDS = {
 }
 # --- end CDI ---------------------------------------------------------------------------
 
+# --- restore profiles (cpu/restore.py, docs/restore-placement.md) ------------------------
+_X86_ONLY = "restore profiles read x86 CPUID: an aarch64 template is not supported"
+CPU_TEMPLATE = Record(
+    {
+        "cpuid_modifiers": Field(
+            Items(
+                Record(
+                    {
+                        "leaf": Field(_number("CPUID leaf, 0x or 0b (e.g. 0x7)."), required=True),
+                        "subleaf": Field(_number("CPUID subleaf, 0x or 0b."), required=True),
+                        "flags": Field(Integer(0, "KVM's flags (1: the subleaf counts).", MAX_ID), required=True),
+                        "modifiers": Field(
+                            Items(
+                                Record(
+                                    {
+                                        "register": Field(_choice(REGISTER_NAMES, "Register."), required=True),
+                                        "bitmap": Field(
+                                            Text(
+                                                (_NO_CONTROL, Pattern(BITMAP_PATTERN, _BITMAP)),
+                                                80,
+                                                "32 bits, most significant first: 1 sets, 0 clears, x keeps the "
+                                                "host's ('0b' may lead, '_' separates, missing leading bits are x).",
+                                            ),
+                                            required=True,
+                                        ),
+                                    }
+                                ),
+                                16,
+                            ),
+                            required=True,
+                        ),
+                    }
+                ),
+                MAX_TEMPLATE_LEAVES,
+            )
+        ),
+        "msr_modifiers": Field(
+            Unsupported("MSR modifiers are not supported: a restore profile judges CPUID and the TSC; remove them")
+        ),
+        "kvm_capabilities": Field(
+            Unsupported("kvm_capabilities are not supported: a restore profile judges CPUID and the TSC; remove them")
+        ),
+        "reg_modifiers": Field(Unsupported(_X86_ONLY)),
+        "vcpu_features": Field(Unsupported(_X86_ONLY)),
+    },
+    "A Firecracker custom CPU template (x86): its cpuid_modifiers' set bits are required, its cleared bits are not.",
+)
+RESTORE_PROFILE = Record(
+    {
+        "features": Field(
+            Items(
+                Text(
+                    (_NO_CONTROL, Pattern(NAME_PATTERN, _FEATURE)),
+                    MAX_NAME_CHARS,
+                    choices=tuple(FEATURES),
+                ),
+                MAX_PROFILE_FEATURES,
+                unique=True,
+                description="CPUID features this node's KVM must offer, as /proc/cpuinfo names them "
+                "(cpu/features.py), or cpuid_<leaf>_<subleaf>_<register>_<bit>.",
+            )
+        ),
+        "cpu_template": Field(CPU_TEMPLATE),
+        "vendor": Field(_choice(CPU_VENDORS, "The CPU vendor the snapshot was taken on (default: any).")),
+        "kvm_implementations": Field(
+            Items(
+                _choice(KVM_IMPLEMENTATIONS, ""),
+                len(KVM_IMPLEMENTATIONS),
+                unique=True,
+                description="The KVM implementations that may restore it (default: any).",
+            )
+        ),
+        "tsc": Field(
+            Record(
+                {
+                    "khz": Field(Integer(1, "The snapshot's TSC frequency in kHz (default: any).", MAX_ID)),
+                    "tolerance_ppm": Field(
+                        Integer(0, f"How far the node's may be (default {DEFAULT_TOLERANCE_PPM}, KVM's).", PPM)
+                    ),
+                    "scaling": Field(
+                        _choice(
+                            SCALING,
+                            f"What a node whose KVM scales the TSC counts for: '{SCALING_ACCEPT}' (default: it "
+                            f"passes at any frequency), '{SCALING_IGNORE}' (the frequency alone counts) or "
+                            f"'{SCALING_REQUIRE}' (only such nodes pass).",
+                        )
+                    ),
+                },
+                "The TSC rule.",
+            )
+        ),
+    },
+    "What a snapshot needs of the node that restores it.",
+)
+RESTORE_PROFILES = Table(
+    Text(
+        (
+            _NO_CONTROL,
+            Pattern(
+                rf"[a-z0-9](?:[a-z0-9_]{{0,{MAX_PROFILE_NAME_CHARS - 2}}}[a-z0-9])?",
+                f"must be 1-{MAX_PROFILE_NAME_CHARS} characters of a-z, 0-9 and '_', alphanumeric at both ends "
+                f"(it names the DRA attribute {RESTORE_PREFIX}<name>, a C identifier)",
+            ),
+        ),
+        MAX_PROFILE_NAME_CHARS,
+    ),
+    RESTORE_PROFILE,
+    MAX_RESTORE_PROFILES,
+    "Named restore profiles: whether this node can restore each is judged from the KVM probe's CPU profile.",
+)
+# --- end restore profiles -----------------------------------------------------------------
+
 RESOURCE = Record(
     {
         "name": Field(_NAME, required=True),
@@ -159,6 +306,7 @@ RESOURCE = Record(
                 choices=HEALTH_CHECKS,
             )
         ),
+        "restore_profiles": Field(RESTORE_PROFILES),
         # --- admission -----------------------------------------------------------------
         "preferred_allocation": Field(
             Flag(

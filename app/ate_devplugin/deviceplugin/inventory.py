@@ -26,7 +26,6 @@ class ResourceState:
         # Why the device fails a health check beyond existence (the KVM probe's reason), or None.
         self.failing: str | None = None
         self.ever_present = False
-        self.streams = 0
         # Streams are told apart by a token. The kubelet's own is the first one opened
         # after our latest Register request was sent; any other client's never counts.
         self.kubelet_stream: int | None = None
@@ -71,14 +70,12 @@ class ResourceState:
     def stream_opened(self) -> int:
         """Counts a new stream; returns its token for :meth:`stream_closed`."""
         self._tokens += 1
-        self.streams += 1
         if self._awaiting_kubelet:
             self.kubelet_stream, self._awaiting_kubelet = self._tokens, False
         self.on_streams_changed()
         return self._tokens
 
     def stream_closed(self, token: int) -> None:
-        self.streams -= 1
         if token == self.kubelet_stream:
             self.kubelet_stream = None
         self.on_streams_changed()

@@ -1,8 +1,10 @@
-"""The device-plugin component: one agent per configured resource, and the kubelet's identity.
+"""The device-plugin component: one agent per resource it serves, and the kubelet's identity.
 
-It adds and removes agents as the resource list changes, hands each agent its resource's
-discoveries, and tells them of what the filesystem says: a new kubelet (its socket made
-anew), their own socket gone, a directory made (perhaps the plugin directory).
+It serves the configured resources (not in mode dra) and, with the prober, each probed
+resource's prober resource (probers.py). It adds and removes agents as the resource list
+changes, hands each agent its resource's discoveries, and tells them of what the filesystem
+says: a new kubelet (its socket made anew), their own socket gone, a directory made
+(perhaps the plugin directory).
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Tracer
 
 from ate_devplugin.config import ResourceConfig
-from ate_devplugin.deviceplugin import events
+from ate_devplugin.deviceplugin import events, probers
 from ate_devplugin.deviceplugin.agent import ResourceAgent
 from ate_devplugin.deviceplugin.ports import Ports
 from ate_devplugin.host.devices import Discovery
 from ate_devplugin.host.watcher import FsEvent, Watches
-from ate_devplugin.kvm.probe import ProbeResult
+from ate_devplugin.kvmstate import KvmStates
+from ate_devplugin.observability.logs import SaidOnce
 from ate_devplugin.observability.metrics import Metrics
 from ate_devplugin.settings import DevicePluginSettings
 from ate_devplugin.tasks import Guard
@@ -41,7 +44,11 @@ class DevicePlugin:
         self._guard: Guard | None = None
         self._kubelet = ports.fs.socket_identity(settings.kubelet_socket)  # to tell restarts
         self._stuck: str | None = None
-        self._waiting_said = False  # the info line about a missing kubelet socket
+        self._waiting = SaidOnce()  # the info line about a missing kubelet socket
+        self._kvm: KvmStates = {}  # the KVM state of each probed resource
+        self._found: Mapping[str, Discovery] = {}  # the last discovery, judged again with a KVM state
+        self._probed: dict[str, str] = {}  # each prober resource served -> the resource it probes
+        self._unserved = SaidOnce(remember=64)  # prober resources that cannot be served, said once
 
     def change_context(self, resource: str) -> Context | None:
         """The trace context of the resource's last health change (its ``device change`` span)."""
@@ -52,7 +59,7 @@ class DevicePlugin:
 
     async def start(self, resources: tuple[ResourceConfig, ...], guard: Guard) -> None:
         self._guard = guard
-        for resource in resources:
+        for resource in self._served(resources).values():
             self._add(resource)
 
     async def stop(self, deadline_s: float) -> list[str]:
@@ -92,25 +99,54 @@ class DevicePlugin:
                         agent.retry_now()
 
     async def on_resources(self, resources: tuple[ResourceConfig, ...]) -> None:
-        wanted = {r.name: r for r in resources}
-        gone = [n for n in self.agents if n not in wanted or self.agents[n].config != wanted[n]]
+        wanted = self._served(resources)
+        gone = [n for n in self.agents if n not in wanted or not wanted[n].serves_as(self.agents[n].config)]
         await asyncio.gather(*(self._remove(n) for n in gone))
         for name, resource in wanted.items():
             if name not in self.agents:
                 self._add(resource)
 
-    def on_kvm_verdict(self, resource: str, verdict: ProbeResult | None) -> None:
-        """The KVM probe's verdict on a resource: a failure makes its present units Unhealthy."""
-        agent = self.agents.get(resource)
-        if agent is not None:
-            agent.apply_failing(None if verdict is None or verdict.passed else str(verdict.reason))
+    def on_kvm(self, states: KvmStates) -> None:
+        """A failing KVM probe makes its resource's present units Unhealthy."""
+        self._kvm = states
+        for name, agent in self.agents.items():
+            if name in self._found:
+                agent.apply_failing(self._failing(name, self._found[name]))
 
     def on_discovery(self, found: Mapping[str, Discovery]) -> None:
+        self._found = found
         for name, agent in self.agents.items():
+            probed = self._probed.get(name)
+            if probed is not None:  # a prober's resource: whatever of the device is there, Healthy
+                agent.apply_discovery(Discovery(found[probed].nodes, complete=True))
+                continue
+            # The KVM verdict on the node found first: one that is not 10:232 never counts healthy.
+            agent.apply_failing(self._failing(name, found[name]))
             agent.apply_discovery(found[name])
         self._check_kubelet()
 
+    def _failing(self, resource: str, found: Discovery) -> str | None:
+        state = self._kvm.get(resource)
+        verdict = state.verdict_now(found) if state is not None else None
+        return None if verdict is None or verdict.passed else str(verdict.reason)
+
     # --- agents ---------------------------------------------------------------------
+
+    def _served(self, resources: tuple[ResourceConfig, ...]) -> dict[str, ResourceConfig]:
+        """The configured resources it serves, and the prober's resource of each probed one."""
+        served = {r.name: r for r in resources} if self.settings.serves_resources else {}
+        self._probed = {}
+        for probed in (r for r in resources if r.probes_kvm and self.settings.serves_probers):
+            prober = probers.prober_resource(probed)
+            why = probers.problem(prober, {r.name: r for r in resources}, self.settings.socket_path(prober))
+            if why:
+                if self._unserved.new(why, prober.name):
+                    log.error("cannot serve the KVM prober's resource %s: %s", prober.name, why)
+                continue
+            self._unserved.over(prober.name)
+            served[prober.name] = prober
+            self._probed[prober.name] = probed.name
+        return served
 
     def _add(self, resource: ResourceConfig) -> None:
         assert self._guard is not None, "started"
@@ -136,10 +172,9 @@ class DevicePlugin:
     def _say_waiting(self) -> None:
         """Where the kubelet's socket is awaited: at info once (a wrong --plugin-dir shows
         at once, devices present or not), then at debug on each later check."""
-        level = logging.DEBUG if self._waiting_said else logging.INFO
         socket = self.settings.kubelet_socket
+        level = logging.INFO if self._waiting.new(socket) else logging.DEBUG
         log.log(level, "waiting for the kubelet socket at %s", socket, extra={"socket": socket})
-        self._waiting_said = True
 
     def _check_kubelet(self) -> None:
         """Notices a new kubelet by its socket's identity: a restart, seen once however told."""
@@ -147,7 +182,7 @@ class DevicePlugin:
         if current is None:
             self._say_waiting()
             return
-        self._waiting_said = False
+        self._waiting.over()
         if current == self._kubelet:
             return
         restarted, self._kubelet = self._kubelet is not None, current

@@ -17,6 +17,7 @@ from typing import Protocol
 import grpc
 from opentelemetry.trace import Tracer
 
+from ate_devplugin.components import ClaimsChanged, Tell
 from ate_devplugin.config import ResourceConfig
 from ate_devplugin.dra import health, registration, service
 from ate_devplugin.dra.health import DeviceReport, HealthBoard
@@ -26,9 +27,7 @@ from ate_devplugin.dra.slices import SliceApi, SliceDevice, SlicePublisher, reso
 from ate_devplugin.dra.taints import TaintBook
 from ate_devplugin.host.devices import Discovery
 from ate_devplugin.host.sockets import UnixServer
-from ate_devplugin.kvm.attributes import Value, attributes
-from ate_devplugin.kvm.facts import DeviceFacts, NodeFacts, read_node_facts
-from ate_devplugin.kvm.probe import ProbeResult
+from ate_devplugin.kvmstate import KvmStates, failure_text
 from ate_devplugin.observability.logs import reason
 from ate_devplugin.observability.metrics import DraMetrics
 from ate_devplugin.settings import DraSettings
@@ -61,13 +60,7 @@ class DraPlugin:
         metrics: DraMetrics,
         tracer: Tracer,
         cdi_problem: Callable[[str], str] = lambda _: "",
-        *,
-        kvm: bool = False,
-        node_facts: Callable[[], NodeFacts] = read_node_facts,
     ) -> None:
-        """``kvm``: the KVM probe runs (on_kvm_verdict hears it), so the devices of each
-        resource with ``health: kvm`` carry the node's virtualisation facts as attributes,
-        what its last passing probe learned, and a taint while it fails."""
         self.settings = settings
         self.api = api
         self.cdi_id = cdi_id
@@ -81,8 +74,7 @@ class DraPlugin:
         self.registration = RegistrationServicer(
             driver, settings.socket, lambda registered: metrics.registered.set(int(registered))
         )
-        # Told after every prepare and unprepare answered (the PodResources watch lists then).
-        self.claim_listeners: list[Callable[[], None]] = []
+        self._tell: Tell | None = None  # told ClaimsChanged after every prepare and unprepare answered
         self._resources: tuple[ResourceConfig, ...] = ()
         self._names: dict[str, str] = {}  # every device name a configured resource may publish -> the resource
         self._servers: list[UnixServer] = []
@@ -90,13 +82,11 @@ class DraPlugin:
         # model: a claim the scheduler allocated just before a fallback to slots still prepares.
         self._present: dict[str, str] = {}
         self._healthy: dict[str, bool] = {}  # resource -> its devices' health at the last discovery
-        self.kvm = kvm
         self.taints = TaintBook(driver, settings.dra_taint_effect)
-        self._read_node_facts = node_facts
-        self._node_facts: NodeFacts | None = None  # read at start, with kvm
-        self._verdicts: dict[str, ProbeResult] = {}  # each probed resource's last verdict
-        self._device_facts: dict[str, DeviceFacts] = {}  # what its last passing probe learned
-        self._found: Mapping[str, Discovery] = {}  # the last discovery, published again on a verdict
+        # The KVM state of each probed resource: its devices carry the node's virtualisation
+        # facts as attributes, and a taint while its probe fails.
+        self._kvm: KvmStates = {}
+        self._found: Mapping[str, Discovery] = {}  # the last discovery, published again on a KVM state
 
     def _lookup(self, device: str) -> str | None:
         """The one place prepare asks for a device's CDI ID (``cdi_id``: host.cdi's answer)."""
@@ -112,21 +102,16 @@ class DraPlugin:
 
     def _published(self, resource: ResourceConfig, shared: bool) -> list[SliceDevice]:
         """The devices as published: with a KVM resource's facts and taints."""
-        if not (self.kvm and resource.probes_kvm and self._node_facts is not None):
+        state = self._kvm.get(resource.name)
+        if state is None:
             return self._devices(resource, shared)
-        facts: dict[str, Value] = attributes(self._node_facts, self._device_facts.get(resource.name))
         taints = self.taints.taints(resource.name)
-        return resource_devices(resource.name, resource.units, self.settings.dra_slots, shared, facts, taints)
+        return resource_devices(
+            resource.name, resource.units, self.settings.dra_slots, shared, state.attributes(), taints
+        )
 
-    def on_kvm_verdict(self, resource: str, verdict: ProbeResult | None) -> None:
-        """The KVM probe's verdict on a resource: its taint, health and (once passed) device facts."""
-        if verdict is None:
-            self._verdicts.pop(resource, None)
-        else:
-            self._verdicts[resource] = verdict
-            if verdict.passed and verdict.device_facts is not None:
-                self._device_facts[resource] = verdict.device_facts
-        self.taints.update(resource, None if verdict is None else verdict.reason)
+    def on_kvm(self, states: KvmStates) -> None:
+        self._kvm = states
         if self._found:
             self._publish(self._found)
 
@@ -140,8 +125,11 @@ class DraPlugin:
         self._names = {d.name: d.resource for r in resources for d in self._devices(r, shared=True)}
 
     def _claims_changed(self) -> None:
-        for listener in self.claim_listeners:
-            listener()
+        assert self._tell is not None, "told where to tell (tell_to) before it serves"
+        self._tell(ClaimsChanged())
+
+    def tell_to(self, tell: Tell) -> None:
+        self._tell = tell
 
     # --- the component --------------------------------------------------------------
 
@@ -157,8 +145,6 @@ class DraPlugin:
             server = UnixServer(path, add_services)
             await server.start()
             self._servers.append(server)
-        if self.kvm:
-            self._node_facts = self._read_node_facts()
         self.publisher.start(guard)
         log.info(
             "DRA driver serving",
@@ -205,6 +191,10 @@ class DraPlugin:
 
     def _publish(self, found: Mapping[str, Discovery]) -> None:
         shared = self.settings.dra_sharing == "capacity"
+        verdicts = {name: state.verdict_now(found[name]) for name, state in self._kvm.items() if name in found}
+        for r in self._resources:
+            verdict = verdicts.get(r.name)
+            self.taints.update(r.name, None if verdict is None else verdict.reason)
         present = [r for r in self._resources if found[r.name].complete]
         wanted = [d for r in present for d in self._published(r, shared)]
         self._present = {d.name: d.resource for d in wanted}
@@ -215,9 +205,9 @@ class DraPlugin:
             text = f"{r.name}: " + (
                 "every device node present" if ok else f"device node missing ({', '.join(r.devices)})"
             )
-            verdict = self._verdicts.get(r.name)
+            verdict = verdicts.get(r.name)
             if ok and verdict is not None and not verdict.passed:
-                ok, text = False, f"{r.name}: KVM probe failed: {verdict.reason}: {verdict.message}"
+                ok, text = False, f"{r.name}: {failure_text(verdict)}"
             self._note_health(r.name, ok)
             reports += [DeviceReport(d.name, ok, text) for d in self._devices(r, self.publisher.sharing)]
         self.health.update(reports)

@@ -112,6 +112,11 @@ def resolve_in_root(root: str, host_path: str, fs: FileSystem = os) -> str | Non
     return os.path.join(root, *resolved)
 
 
+def in_root(root: str, host_path: str) -> str:
+    """Where ``host_path`` (a path under /dev) is under ``root``, no symlink followed."""
+    return os.path.join(root, *PurePosixPath(host_path).relative_to(HOST_DEV).parts)
+
+
 def _char_device(root: str, host_path: str, fs: FileSystem) -> DeviceNode | None:
     try:
         real = resolve_in_root(root, host_path, fs)

@@ -48,6 +48,7 @@ RUN = _io(0x80)
 SET_REGS = _iow(0x82, REGS_SIZE)
 GET_SREGS = _ior(0x83, SREGS_SIZE)
 SET_SREGS = _iow(0x84, SREGS_SIZE)
+GET_TSC_KHZ = _io(0xA3)  # the vCPU's TSC frequency in kHz, as the return value
 
 # struct kvm_run: where the fields the probe reads are
 RUN_EXIT_REASON = 8  # u32

@@ -1,5 +1,5 @@
 """The CPU a guest would see: KVM_GET_SUPPORTED_CPUID on the device, a digest of its feature
-set, and the notable features by name.
+set, the notable features by name, and the registers a CPU profile is made of.
 
 A micro-VM snapshot restores only where the guest sees the same CPU, so two devices whose
 digests are equal can take each other's snapshots as far as CPUID goes. The digest covers
@@ -18,13 +18,14 @@ import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from ate_devplugin.cpu import features
+from ate_devplugin.cpu.features import EAX, EBX, ECX, EDX, FEATURE_REGISTERS, IDENTITY_REGISTERS, Bit, Register
 from ate_devplugin.kvm import abi
 
 # Room for this many entries first (the kernel's KVM_MAX_CPUID_ENTRIES is 256 today), more
 # while it answers E2BIG, up to the last.
 _FIRST_TRY = 256
 MAX_ENTRIES = 1024
-EAX, EBX, ECX, EDX = range(4)
 _REGISTER_NAMES = "abcd"
 
 
@@ -70,66 +71,18 @@ DIGESTED = (
     (0x40000001, 0, EAX),  # KVM's paravirtual features (kvmclock, async page faults, ...)
 )  # fmt: skip
 
-# Names as /proc/cpuinfo spells them: (leaf, subleaf, register, bit). Bounded on purpose:
-# the features VMMs and guest kernels select on, not every flag.
-NOTABLE: Mapping[str, tuple[int, int, int, int]] = {
-    "pclmulqdq": (0x1, 0, ECX, 1),
-    "vmx": (0x1, 0, ECX, 5),
-    "ssse3": (0x1, 0, ECX, 9),
-    "fma": (0x1, 0, ECX, 12),
-    "cx16": (0x1, 0, ECX, 13),
-    "pcid": (0x1, 0, ECX, 17),
-    "sse4_1": (0x1, 0, ECX, 19),
-    "sse4_2": (0x1, 0, ECX, 20),
-    "x2apic": (0x1, 0, ECX, 21),
-    "movbe": (0x1, 0, ECX, 22),
-    "popcnt": (0x1, 0, ECX, 23),
-    "tsc_deadline_timer": (0x1, 0, ECX, 24),
-    "aes": (0x1, 0, ECX, 25),
-    "xsave": (0x1, 0, ECX, 26),
-    "avx": (0x1, 0, ECX, 28),
-    "f16c": (0x1, 0, ECX, 29),
-    "rdrand": (0x1, 0, ECX, 30),
-    "hypervisor": (0x1, 0, ECX, 31),
-    "fsgsbase": (0x7, 0, EBX, 0),
-    "bmi1": (0x7, 0, EBX, 3),
-    "avx2": (0x7, 0, EBX, 5),
-    "smep": (0x7, 0, EBX, 7),
-    "bmi2": (0x7, 0, EBX, 8),
-    "invpcid": (0x7, 0, EBX, 10),
-    "rtm": (0x7, 0, EBX, 11),
-    "avx512f": (0x7, 0, EBX, 16),
-    "avx512dq": (0x7, 0, EBX, 17),
-    "rdseed": (0x7, 0, EBX, 18),
-    "adx": (0x7, 0, EBX, 19),
-    "smap": (0x7, 0, EBX, 20),
-    "avx512cd": (0x7, 0, EBX, 28),
-    "sha_ni": (0x7, 0, EBX, 29),
-    "avx512bw": (0x7, 0, EBX, 30),
-    "avx512vl": (0x7, 0, EBX, 31),
-    "umip": (0x7, 0, ECX, 2),
-    "pku": (0x7, 0, ECX, 3),
-    "gfni": (0x7, 0, ECX, 8),
-    "vaes": (0x7, 0, ECX, 9),
-    "vpclmulqdq": (0x7, 0, ECX, 10),
-    "avx512_vnni": (0x7, 0, ECX, 11),
-    "la57": (0x7, 0, ECX, 16),
-    "rdpid": (0x7, 0, ECX, 22),
-    "serialize": (0x7, 0, EDX, 14),
-    "amx_bf16": (0x7, 0, EDX, 22),
-    "avx512_fp16": (0x7, 0, EDX, 23),
-    "amx_tile": (0x7, 0, EDX, 24),
-    "amx_int8": (0x7, 0, EDX, 25),
-    "avx_vnni": (0x7, 1, EAX, 4),
-    "avx512_bf16": (0x7, 1, EAX, 5),
-    "xsaveopt": (0xD, 1, EAX, 0),
-    "xsaves": (0xD, 1, EAX, 3),
-    "svm": (0x80000001, 0, ECX, 2),
-    "lzcnt": (0x80000001, 0, ECX, 5),
-    "pdpe1gb": (0x80000001, 0, EDX, 26),
-    "rdtscp": (0x80000001, 0, EDX, 27),
-    "invtsc": (0x80000007, 0, EDX, 8),
-}
+# The features VMMs and guest kernels select on, by their names (cpu/features.py): bounded
+# on purpose, since each is a node label.
+_NOTABLE = (
+    "pclmulqdq", "vmx", "ssse3", "fma", "cx16", "pcid", "sse4_1", "sse4_2", "x2apic", "movbe", "popcnt",
+    "tsc_deadline_timer", "aes", "xsave", "avx", "f16c", "rdrand", "hypervisor", "fsgsbase", "bmi1", "avx2",
+    "smep", "bmi2", "invpcid", "rtm", "avx512f", "avx512dq", "rdseed", "adx", "smap", "avx512cd", "sha_ni",
+    "avx512bw", "avx512vl", "umip", "pku", "gfni", "vaes", "vpclmulqdq", "avx512_vnni", "la57", "rdpid",
+    "serialize", "amx_bf16", "avx512_fp16", "amx_tile", "amx_int8", "avx_vnni", "avx512_bf16", "xsaveopt",
+    "xsaves", "svm", "pdpe1gb", "rdtscp", "invtsc",
+)  # fmt: skip
+# lzcnt has been labelled so from the start; /proc/cpuinfo says abm.
+NOTABLE: Mapping[str, Bit] = {name: features.FEATURES[name] for name in _NOTABLE} | {"lzcnt": features.FEATURES["abm"]}
 
 
 def _register(entries: Iterable[Entry], leaf: int, subleaf: int, register: int) -> int:
@@ -151,9 +104,15 @@ def digest(entries: Iterable[Entry]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def registers(entries: Iterable[Entry]) -> dict[Register, int]:
+    """The registers a CPU profile is made of (cpu/features.py): the vendor, the signature
+    and the feature flags; those that are 0 are left out."""
+    entries = tuple(entries)
+    found = {r: _register(entries, r.leaf, r.subleaf, r.register) for r in (*IDENTITY_REGISTERS, *FEATURE_REGISTERS)}
+    return {r: value for r, value in found.items() if value}
+
+
 def notable(entries: Iterable[Entry]) -> tuple[str, ...]:
     """The notable features a guest would see, sorted by name."""
-    entries = tuple(entries)
-    return tuple(
-        sorted(name for name, (leaf, sub, r, bit) in NOTABLE.items() if _register(entries, leaf, sub, r) >> bit & 1)
-    )
+    found = registers(entries)
+    return tuple(sorted(name for name, b in NOTABLE.items() if found.get(b.register, 0) >> b.bit & 1))

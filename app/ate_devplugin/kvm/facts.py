@@ -7,8 +7,11 @@ Two kinds, learned by different processes:
   vendor, family/model/stepping and model name, whether the node is itself a VM (the
   ``hypervisor`` flag), which KVM implementation is loaded, and the kernel release;
 * :class:`DeviceFacts`, from the KVM device, which only a process granted it can open (the
-  probe learns them): the KVM API version, the CPUID a guest would see (a digest and the
-  notable features) and a few capabilities VMMs check before they start.
+  probe learns them): the KVM API version, the CPUID a guest would see (a digest, the
+  notable features and the registers a CPU profile is made of), the TSC frequency of a new
+  vCPU and a few capabilities VMMs check before they start.
+
+:func:`cpu_profile` makes the node's guest CPU profile (cpu/profile.py) of both.
 
 Which implementation serves ``/dev/kvm`` is read from the loaded modules: ``kvm_intel``
 is hardware VMX, ``kvm_amd`` hardware SVM, ``kvm_pvm`` PVM, a software (page-table based)
@@ -26,6 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ate_devplugin.cpu import features
+from ate_devplugin.cpu.features import Register
+from ate_devplugin.cpu.profile import CpuProfile, Tsc
 from ate_devplugin.kvm import abi, cpuid
 
 MAX_CPUINFO_BYTES = 1 << 20  # the first processor's block is a few KiB; a machine with 400 CPUs, ~1 MiB
@@ -163,6 +169,11 @@ class DeviceFacts:
     capabilities: Mapping[str, int] = field(default_factory=dict)  # name (CAPABILITIES) -> KVM's answer
     cpuid_digest: str = ""  # "" where KVM_GET_SUPPORTED_CPUID does not exist (not x86) or failed
     cpu_features: tuple[str, ...] = ()
+    # What a CPU profile is made of (cpu/profile.py): the supported CPUID's vendor, signature
+    # and feature registers (cpuid.registers), and the TSC frequency of a new vCPU. A prober
+    # older than profiles sends neither.
+    cpuid_registers: Mapping[Register, int] = field(default_factory=dict)
+    tsc_khz: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -170,29 +181,62 @@ class DeviceFacts:
             "capabilities": dict(self.capabilities),
             "cpuid_digest": self.cpuid_digest,
             "cpu_features": list(self.cpu_features),
+            "cpuid_registers": {r.key(): v for r, v in sorted(self.cpuid_registers.items())},
+            "tsc_khz": self.tsc_khz,
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> DeviceFacts:
+        tsc_khz = data.get("tsc_khz")
         return cls(
             api_version=int(data["api_version"]),
             capabilities={str(k): int(v) for k, v in dict(data.get("capabilities") or {}).items()},
             cpuid_digest=str(data.get("cpuid_digest") or ""),
             cpu_features=tuple(str(f) for f in data.get("cpu_features") or ()),
+            cpuid_registers={Register.parse(k): int(v) for k, v in dict(data.get("cpuid_registers") or {}).items()},
+            tsc_khz=None if tsc_khz is None else int(tsc_khz),
         )
 
 
 def read_device_facts(kvm: int, api_version: int) -> DeviceFacts:
-    """What the open device says of itself; a capability it refuses to answer is left out."""
+    """What the open device says of itself; a capability it refuses to answer is left out.
+    The TSC frequency needs a vCPU: the probe adds it (:func:`read_tsc_khz`)."""
     capabilities: dict[str, int] = {}
     for name, number in CAPABILITIES.items():
         with contextlib.suppress(OSError):
             capabilities[name] = fcntl.ioctl(kvm, abi.CHECK_EXTENSION, number)
-    digest, features = "", tuple[str, ...]()
     try:
         entries = cpuid.supported(kvm)
+    except OSError:  # not x86 (ENOTTY/EINVAL), or refused: the facts say nothing of the CPUID
+        return DeviceFacts(api_version, capabilities)
+    registers = cpuid.registers(entries)
+    return DeviceFacts(api_version, capabilities, cpuid.digest(entries), cpuid.notable(entries), registers)
+
+
+def read_tsc_khz(vcpu: int) -> int | None:
+    """KVM_GET_TSC_KHZ on a new vCPU: the TSC frequency a VM gets here unless its VMM asks for
+    another, which is what a VMM records in a snapshot (Firecracker's vCPU state keeps it) and
+    asks for again on restore. None where the ioctl fails or says 0."""
+    try:
+        return fcntl.ioctl(vcpu, abi.GET_TSC_KHZ) or None
     except OSError:
-        pass  # not x86 (ENOTTY/EINVAL), or refused: the facts say nothing of the CPUID
-    else:
-        digest, features = cpuid.digest(entries), cpuid.notable(entries)
-    return DeviceFacts(api_version, capabilities, digest, features)
+        return None
+
+
+def cpu_profile(node: NodeFacts, device: DeviceFacts) -> CpuProfile:
+    """The node's guest CPU profile: the device's CPUID and TSC, the node's architecture,
+    KVM implementation and names."""
+    registers = device.cpuid_registers
+    family, model, stepping = features.signature(registers) or (None, None, None)
+    return CpuProfile(
+        architecture=node.architecture,
+        vendor=features.vendor(registers),
+        family=family,
+        model=model,
+        stepping=stepping,
+        registers={r: v for r, v in registers.items() if r in features.FEATURE_REGISTERS},
+        tsc=Tsc(device.tsc_khz, device.capabilities.get("tsc_control", 0) > 0),
+        kvm_implementation=node.kvm_implementation,
+        cpu_model_name=node.cpu_model_name,
+        kernel_release=node.kernel_release,
+    )

@@ -73,10 +73,15 @@ def _ioctl(fd: int, request: int, arg: int | bytes | bytearray, reason: Reason, 
 
 
 def run(
-    kvm: int, code: bytes = CODE, inputs: tuple[int, int] = INPUTS, on_exit: Callable[[Exit], None] = lambda _: None
+    kvm: int,
+    code: bytes = CODE,
+    inputs: tuple[int, int] = INPUTS,
+    on_exit: Callable[[Exit], None] = lambda _: None,
+    on_vcpu: Callable[[int], None] = lambda _: None,
 ) -> tuple[Exit, ...]:
     """Runs ``code`` in a new VM of the open KVM device ``kvm``; the exits it made (each
-    also given to ``on_exit`` as it comes).
+    also given to ``on_exit`` as it comes). ``on_vcpu`` is given the new vCPU's fd before
+    it runs (the probe reads its TSC frequency).
 
     Stops at HLT, at an exit the program does not expect, or after MAX_EXITS."""
     with contextlib.ExitStack() as stack:
@@ -92,6 +97,7 @@ def run(
         _ioctl(vm, abi.SET_USER_MEMORY_REGION, region, Reason.MEMORY_SLOT, "KVM_SET_USER_MEMORY_REGION")
         vcpu = _ioctl(vm, abi.CREATE_VCPU, 0, Reason.VCPU, "KVM_CREATE_VCPU")
         stack.callback(os.close, vcpu)
+        on_vcpu(vcpu)
         size = _ioctl(kvm, abi.GET_VCPU_MMAP_SIZE, 0, Reason.VCPU, "KVM_GET_VCPU_MMAP_SIZE")
         try:
             shared = mmap.mmap(vcpu, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)

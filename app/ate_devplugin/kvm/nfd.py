@@ -75,9 +75,3 @@ def write(directory: str, text: str, name: str = FILE_NAME) -> bool:
     os.chmod(temp, 0o644)
     os.replace(temp, path)
     return True
-
-
-def remove(directory: str, name: str = FILE_NAME) -> None:
-    """Removes the file (the labels go at nfd-worker's next pass); gone already is fine."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(directory, name))

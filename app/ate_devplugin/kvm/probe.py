@@ -1,9 +1,10 @@
 """The functional probe of a KVM device, in the process that runs it (the probe's child;
 ``runner.py`` is the side the daemon calls).
 
-Open the device, KVM_GET_API_VERSION, learn what it says of itself (DeviceFacts), run the
-guest program (guest.py) to its known exits, close. The first step that fails gives the
-verdict, with its reason and a sentence; a probe that passes says what it learned.
+Open the device, KVM_GET_API_VERSION, learn what it says of itself (DeviceFacts; the TSC
+frequency from the guest's vCPU), run the guest program (guest.py) to its known exits,
+close. The first step that fails gives the verdict, with its reason and a sentence; a
+probe that passes says what it learned.
 
 A SIGALRM deadline bounds the probe in its own process: KVM_RUN on a guest that never
 exits returns EINTR at the signal, and the probe answers "timed out" without being killed.
@@ -21,17 +22,16 @@ import signal
 import stat
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import FrameType
 from typing import Any
 
 from ate_devplugin.kvm import abi, guest
-from ate_devplugin.kvm.facts import DeviceFacts, read_device_facts
+from ate_devplugin.kvm.facts import DeviceFacts, read_device_facts, read_tsc_khz
 from ate_devplugin.kvm.reasons import Reason, StepError, errno_text
 
 _NO_DRIVER = (errno.ENODEV, errno.ENXIO)
 _DENIED = (errno.EACCES, errno.EPERM)
-_NOT_AN_IOCTL = (errno.ENOTTY, errno.EINVAL)
 # The guest program is x86-64 code: elsewhere the probe stops once the vCPU exists.
 GUEST_MACHINES = frozenset({"x86_64"})
 
@@ -169,9 +169,9 @@ def _probe(path: str, code: bytes, machine: str, state: dict[str, Any]) -> None:
         state["api_version"] = version
         if version != abi.API_VERSION:
             raise StepError(Reason.API_VERSION, f"KVM API version {version}, not {abi.API_VERSION}")
-        state["facts"] = read_device_facts(fd, version)
+        state["facts"] = facts = read_device_facts(fd, version)
         if machine in GUEST_MACHINES:
-            state["exits"] = exits = _run(fd, code, state)
+            state["exits"] = exits = _run(fd, code, state, facts)
             state["ran_guest"] = True
             if exits != guest.EXPECTED:
                 raise StepError(
@@ -182,10 +182,14 @@ def _probe(path: str, code: bytes, machine: str, state: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def _run(fd: int, code: bytes, state: dict[str, Any]) -> tuple[guest.Exit, ...]:
+def _run(fd: int, code: bytes, state: dict[str, Any], facts: DeviceFacts) -> tuple[guest.Exit, ...]:
     exits: list[guest.Exit] = []
     state["exits"] = exits  # filled as the guest goes, for a deadline's message
-    return guest.run(fd, code, on_exit=exits.append)
+
+    def tsc(vcpu: int) -> None:  # the guest's vCPU is the one the TSC frequency needs
+        state["facts"] = replace(facts, tsc_khz=read_tsc_khz(vcpu))
+
+    return guest.run(fd, code, on_exit=exits.append, on_vcpu=tsc)
 
 
 _KINDS = (

@@ -44,3 +44,9 @@ def errno_text(exc: OSError) -> str:
         return str(exc)
     name = errno.errorcode.get(exc.errno, f"errno {exc.errno}")
     return f"{name} ({exc.strerror or 'no message'})"
+
+
+# Reasons that say the probe could not judge the device, not that the device failed: the
+# prober (or the daemon probing itself) may not open it, or its probe process failed. The
+# device is then judged by existence, and the state says so (docs/kvm-health.md, "States").
+CANNOT_PROBE = frozenset({Reason.NO_PERMISSION, Reason.PROBER_FAILED})

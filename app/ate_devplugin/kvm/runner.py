@@ -1,4 +1,4 @@
-"""Probing from asyncio: ``await Prober().probe("/dev/kvm", timeout)``.
+"""Probing from asyncio: ``await ProbeRunner().probe("/dev/kvm", timeout)``.
 
 A probe can hang in the kernel, so it never runs in the daemon's process: a child process
 (worker.py) runs it, and the caller waits for its answer on a pipe, on the event loop,
@@ -7,7 +7,7 @@ what is left, which interrupts a KVM_RUN that does not return) and answers "time
 its own; if no answer comes by ``timeout`` the child is killed, and if it has not gone
 ``kill_wait_s`` after SIGKILL (a process stuck in the kernel cannot die until the kernel
 lets it) it is abandoned: the result is "timed out", the next probe starts a new child,
-and nothing ever waits for the abandoned one again, not even :meth:`Prober.close`.
+and nothing ever waits for the abandoned one again, not even :meth:`ProbeRunner.close`.
 
 By default one worker serves every probe (``reuse``): a probe then costs its ioctls, not
 an interpreter's start (bench/kvm_probe.py measures both). Probes are serialised: a
@@ -22,6 +22,7 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from ate_devplugin.kvm.probe import ProbeResult
 from ate_devplugin.kvm.reasons import Reason
@@ -42,7 +43,15 @@ def _kill(process: asyncio.subprocess.Process) -> None:
         process.kill()
 
 
-class Prober:
+class Runner(Protocol):
+    """What probes a device by its path: a :class:`ProbeRunner` (a test's fake elsewhere)."""
+
+    async def probe(self, device: str, timeout: float) -> ProbeResult: ...
+
+    async def close(self) -> None: ...
+
+
+class ProbeRunner:
     def __init__(
         self,
         command: Sequence[str] = WORKER,
@@ -56,7 +65,6 @@ class Prober:
         self._kill = kill
         self._worker: asyncio.subprocess.Process | None = None
         self._turn = asyncio.Lock()
-        self.started = 0  # workers started, for the bench and the tests
         self.abandoned: list[asyncio.subprocess.Process] = []  # killed, but not gone in time
         self._dropped: list[asyncio.subprocess.Process] = []
 
@@ -98,7 +106,6 @@ class Prober:
             self._worker = await asyncio.create_subprocess_exec(
                 *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=MAX_LINE
             )
-            self.started += 1
         return self._worker
 
     async def _read(self, device: str, line: bytes, elapsed: float) -> ProbeResult:
@@ -175,6 +182,15 @@ class Prober:
             _, late = await asyncio.wait(reaped, timeout=self.kill_wait_s)
             for wait in late:
                 wait.cancel()
+
+
+async def probe_once(device: str, timeout: float) -> ProbeResult:
+    """One probe in a worker of its own, for a command (verify, cpu-profile, restorable)."""
+    runner = ProbeRunner(reuse=False)
+    try:
+        return await runner.probe(device, timeout)
+    finally:
+        await runner.close()
 
 
 def _failed(device: str, reason: Reason, message: str, elapsed: float) -> ProbeResult:

@@ -1,45 +1,88 @@
-"""The node's KVM facts as node labels: the NFD feature file, written from the probe's verdicts.
+"""The node's KVM facts as node labels: the NFD feature file, rendered from the KVM state.
 
-With ``--nfd-features-dir`` (nfd-worker's ``features.d``), every verdict rewrites
-kvm/nfd.py's file when its text changes: the node's facts (read once) and what the last
-passing probe learned of the device (API version, CPUID digest, capabilities, notable CPU
-features). A failing probe keeps the last pass's facts: the labels say what the node is,
-the device plugin's health says whether it works now. The file stays when the daemon
-stops (a restarted daemon writes it again; nfd-worker drops it once it is deleted).
+With ``--nfd-features-dir`` (nfd-worker's ``features.d``), every KVM state told rewrites
+kvm/nfd.py's file when its text changes: the node's facts, what the last passing probe
+learned of the device (API version, CPUID digest, capabilities, notable CPU features; of the
+first probed resource, by name, whose probe passed once) and whether the node can restore
+each restore profile (``ate.dev/restore_<name>=true|false``). A failing probe keeps the last
+pass's facts: the labels say what the node is, the device plugin's health says whether it
+works now.
+
+The labels expire (``+expiry-time``) ``ttl_s`` after the daemon last renewed them, every
+third of it: a daemon restarted or rolled renews them in time, one that is gone (the chart
+uninstalled) leaves nothing on the Node once nfd-worker reads the file past that time.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 
+from ate_devplugin.components import Resources
+from ate_devplugin.host.devices import Discovery
 from ate_devplugin.kvm import nfd
-from ate_devplugin.kvm.attributes import attributes
-from ate_devplugin.kvm.facts import DeviceFacts, NodeFacts, read_node_facts
-from ate_devplugin.kvm.probe import ProbeResult
+from ate_devplugin.kvmstate import KvmStates
+from ate_devplugin.observability.logs import SaidOnce
+from ate_devplugin.tasks import Guard, cancel
 
 log = logging.getLogger(__name__)
 
 
 class FeatureFile:
-    def __init__(self, directory: str, domain: str, node_facts: Callable[[], NodeFacts] = read_node_facts) -> None:
+    name = "NFD feature file"
+
+    def __init__(self, directory: str, domain: str, ttl_s: float, clock: Callable[[], float] = time.time) -> None:
         self.directory = directory
         self.domain = domain
-        self._node = node_facts()
-        self._device: DeviceFacts | None = None
-        self._failed: str | None = None  # the last write's error, said once while it lasts
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._states: KvmStates = {}
+        self._expires = clock() + ttl_s
+        self._renewing: asyncio.Task[None] | None = None
+        self._failures = SaidOnce()  # the write's error, said once while it lasts
 
-    def on_kvm_verdict(self, resource: str, verdict: ProbeResult | None) -> None:
-        if verdict is not None and verdict.passed and verdict.device_facts is not None:
-            self._device = verdict.device_facts
-        features = self._device.cpu_features if self._device else ()
-        text = nfd.render(nfd.labels(attributes(self._node, self._device), features, self.domain))
+    def on_kvm(self, states: KvmStates) -> None:
+        self._states = states
+        self._write()
+
+    def _write(self) -> None:
+        states = self._states
+        if not states:
+            return  # nothing probed (any more): the file says what it last said, until it expires
+        first = states[min(states)]
+        learned = next((states[n] for n in sorted(states) if states[n].device_facts is not None), first)
+        features = learned.device_facts.cpu_features if learned.device_facts else ()
+        restore = {name: value for state in states.values() for name, value in state.restore_attributes().items()}
+        labels = nfd.labels({**learned.attributes(), **restore}, features, self.domain)
+        text = nfd.render(labels, datetime.fromtimestamp(self._expires, UTC))
         try:
             # A few KiB to a local directory: written on the loop, as the CDI specs are.
             if nfd.write(self.directory, text):
-                log.info("NFD feature file written", extra={"path": f"{self.directory}/{nfd.FILE_NAME}"})
-            self._failed = None
+                log.debug("NFD feature file written", extra={"path": f"{self.directory}/{nfd.FILE_NAME}"})
+            self._failures.over()
         except OSError as exc:
-            if str(exc) != self._failed:
+            if self._failures.new(str(exc)):
                 log.warning("cannot write the NFD feature file: %s", exc, extra={"directory": self.directory})
-            self._failed = str(exc)
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(self.ttl_s / 3)
+            self._expires = self._clock() + self.ttl_s
+            self._write()
+
+    # --- the component: it renders what it is told, and renews its labels ---------------
+
+    async def start(self, resources: Resources, guard: Guard) -> None:
+        self._renewing = guard.spawn("nfd_renew", self._renew(), "NFD label renewal")
+
+    async def stop(self, deadline_s: float) -> list[str]:
+        return [] if await cancel(self._renewing, deadline_s) else ["NFD label renewal"]
+
+    async def on_resources(self, resources: Resources) -> None:
+        pass
+
+    def on_discovery(self, found: Mapping[str, Discovery]) -> None:
+        pass

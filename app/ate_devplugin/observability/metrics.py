@@ -27,7 +27,7 @@ ALLOCATE_CODES = ("OK", "INVALID_ARGUMENT", "FAILED_PRECONDITION", "INTERNAL")
 # agent's task that did not end when cancelled.
 STALL_REASONS = ("event_handling", "agent_stop")
 # The kinds of guarded task (tasks.Guard): each runs for as long as the daemon does.
-TASK_KINDS = ("agent", "event_router", "http", "pod_resources", "slice_watch", "slice_sync", "kvm_probe")
+TASK_KINDS = ("agent", "event_router", "http", "pod_resources", "slice_watch", "slice_sync", "kvm_probe", "nfd_renew")
 CDI_SPEC_UPDATES = tuple((action, result) for action in ("write", "remove") for result in ("success", "failure"))
 # Allocate answers from memory. Measured under the kubelet bench (1,000 admissions, the
 # daemon's own time, three runs): p50 16-18 us, p99 58-95 us; 77 us and 200 us traced. From
@@ -185,7 +185,8 @@ class Metrics:
 
 
 # --- the KVM probe (resources with health kvm) -------------------------------------------
-KVM_PROBE_STATES = ("unverified", "passed", "failed", "prober-gone")
+KVM_PROBE_STATES = ("unverified", "passed", "failed", "cannot-probe", "prober-gone")
+PROBER_REFUSALS = ("identity", "no-hello")
 PROBE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -214,6 +215,23 @@ class KvmMetrics:
             [*res, "reason"],
             registry=r,
         )
+        self.restore = Gauge(
+            f"{PREFIX}_kvm_restore_answer",
+            "1 for whether this node can restore the resource's restore profile: restorable, or the "
+            "first reason it cannot (missing-features, tsc, vendor, kvm-implementation, no-cpuid; unknown "
+            "before a probe passed); 0 for the others.",
+            ["resource_name", "profile", "answer"],
+            registry=r,
+        )
+        self.prober_refused = Counter(
+            f"{PREFIX}_kvm_prober_refused",
+            "Connections to the prober's socket refused (--kvm-probe socket): another identity than the "
+            "prober's (identity), or no hello in time (no-hello).",
+            ["reason"],
+            registry=r,
+        )
+        for why in PROBER_REFUSALS:
+            self.prober_refused.labels(why)
         self.duration = Histogram(
             f"{PREFIX}_kvm_probe_duration_seconds",
             "Time a KVM probe took, its worker's start included.",
@@ -236,6 +254,14 @@ class KvmMetrics:
             self.state.labels(resource, s).set(1 if s == state else 0)
         for r in reasons:
             self.reason.labels(resource, r).set(1 if r == reason else 0)
+
+    def set_restore(self, resource: str, profile: str, answer: str, answers: Iterable[str]) -> None:
+        for a in answers:
+            self.restore.labels(resource, profile, a).set(1 if a == answer else 0)
+
+    def remove_restore(self, resource: str, profile: str, answers: Iterable[str]) -> None:
+        for a in answers:
+            self.restore.remove(resource, profile, a)
 
     def remove_resource(self, resource: str, reasons: Iterable[str]) -> None:
         for s in KVM_PROBE_STATES:

@@ -160,7 +160,7 @@ class PodResourcesWatch:
         """Something may have changed the pods holding units: list again soon."""
         self._wanted.set()
 
-    def claims_changed(self) -> None:
+    def on_claims_changed(self) -> None:
         """Our DRA driver answered a prepare or unprepare: the kubelet records the answer
         once it has it, so the List waits ``debounce_s``."""
         self._not_before = max(self._not_before, asyncio.get_running_loop().time() + self.debounce_s)

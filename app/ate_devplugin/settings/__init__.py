@@ -5,13 +5,15 @@
 * ``checks``: one check per kind of value.
 * ``resolve``: flags, variables and defaults to :class:`Settings`, every bad value reported.
 * ``idle``: what was set but does nothing in the mode (warnings).
-* ``parts``: :class:`Settings`, :class:`Timing` (not options, injectable in tests) and the
-  frozen part each subsystem is handed (``settings.part(DraSettings)``).
+* ``parts``: :class:`Settings`, :class:`Timing` (not options, injectable in tests), the
+  frozen part each subsystem is handed (``settings.part(DraSettings)``) and ``PARTS``, how
+  each is filled.
 """
 
 from ate_devplugin.settings.idle import idle_fields
 from ate_devplugin.settings.options import DRA_DRIVER, ENV_PREFIX, GROUPS, OPTIONS, Group, Option
 from ate_devplugin.settings.parts import (
+    PARTS,
     DaemonSettings,
     DevicePluginSettings,
     DraSettings,
@@ -28,6 +30,7 @@ __all__ = [
     "ENV_PREFIX",
     "GROUPS",
     "OPTIONS",
+    "PARTS",
     "DaemonSettings",
     "DevicePluginSettings",
     "DraSettings",

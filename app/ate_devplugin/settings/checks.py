@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ate_devplugin.config import ConfigError
+from ate_devplugin.config import MAX_ID, ConfigError
 
 Check = Callable[[str, str], object]
 SOCKET_SUFFIX = re.compile(r"([A-Za-z0-9][A-Za-z0-9-]{0,63})?")
@@ -76,6 +76,13 @@ def socket_suffix(value: str, name: str) -> str:
     if not SOCKET_SUFFIX.fullmatch(value):
         raise ConfigError(name, f"must be up to 64 letters, digits and '-', not starting with '-' (got {value!r})")
     return value
+
+
+def user_id(value: str, name: str) -> int:
+    """A uid or gid (the largest, 2^32-1, is the kernel's "none")."""
+    if not value.isdigit() or not 0 <= int(value) < MAX_ID:
+        raise ConfigError(name, f"must be a user or group id from 0 to {MAX_ID - 1} (got {value!r})")
+    return int(value)
 
 
 def slots(value: str, name: str) -> int:

@@ -34,6 +34,12 @@ def idle_fields(resources: Sequence[ResourceConfig], mode: str) -> Iterator[Prob
     """The config's fields that do nothing in this mode."""
     for i, r in enumerate(resources):
         where = f"resources[{i}]"
+        if r.restore_profiles and not r.probes_kvm:
+            yield Problem(
+                f"{where}.restore_profiles",
+                "does nothing: a profile is judged from the KVM probe's CPU profile, and this resource is not probed",
+                "set health: kvm",
+            )
         if mode == "device-plugin" and not r.uses_cdi and (r.cdi_file_mode, r.cdi_uid, r.cdi_gid) != (None,) * 3:
             yield Problem(
                 f"{where}.cdi",

@@ -9,8 +9,8 @@ guard on ``daemon.extraArgs`` (tools/gen-chart-args.py) and the flag table of
 docs/configuration.md (tools/gen-settings-doc.py). Each subsystem reads the values through
 its own frozen part (parts.py), whose fields are named after the keys.
 
-Adding an option: one record here, and a field of that name in the part of the subsystem
-that reads it.
+Adding an option: one record here, a field of that name in the part of the subsystem that
+reads it, and a line in that part's builder (parts.PARTS).
 """
 
 from __future__ import annotations
@@ -300,10 +300,29 @@ GROUPS = (
                 checks.absolute_dir,
                 "/run/ate-devplugin/prober.sock",
                 "PATH",
-                "socket mode: the unix socket the prober connects to (made by the daemon, mode 0666)",
+                "socket mode: the unix socket the prober connects to (made by the daemon)",
                 applies=Applies(switch="kvm_probe"),
                 chart="use kvmProbe.socketDir",
                 doc="`/run/ate-devplugin/prober.sock` ([kvm-health.md](kvm-health.md#the-socket-protocol))",
+            ),
+            Option(
+                "kvm_prober_uid",
+                checks.user_id,
+                "0",
+                "UID",
+                "socket mode: the user id the prober runs as; a connection from any other is refused "
+                "(SO_PEERCRED), and the socket's directory is the daemon's own (0700) when it is the daemon's",
+                applies=Applies(switch="kvm_probe"),
+                chart="use kvmProbe.podSecurityContext.runAsUser",
+            ),
+            Option(
+                "kvm_prober_gid",
+                checks.user_id,
+                "0",
+                "GID",
+                "socket mode: the group id the prober runs as; a connection from any other is refused",
+                applies=Applies(switch="kvm_probe"),
+                chart="use kvmProbe.podSecurityContext.runAsGroup",
             ),
             Option(
                 "nfd_features_dir",
@@ -315,6 +334,17 @@ GROUPS = (
                 applies=Applies(switch="kvm_probe"),
                 chart="use nfd.enabled and nfd.featuresDir",
                 doc="none ([kvm-health.md](kvm-health.md#as-node-labels-device-plugin-mode))",
+            ),
+            Option(
+                "nfd_label_ttl",
+                checks.positive_seconds,
+                "900",
+                "SECONDS",
+                "the feature file's labels expire this long after the daemon last renewed them (every third of "
+                "it): once the daemon is gone (uninstalled), nfd-worker drops them; at least twice nfd-worker's "
+                "own interval (60 s)",
+                applies=Applies(switch="kvm_probe"),
+                chart="use nfd.labelTtl",
             ),
         ),
     ),

@@ -1,26 +1,24 @@
 """Settings resolved, and the frozen part each subsystem is handed.
 
 A part's fields are named after what fills them: an option's key (options.py) or a
-:class:`Timing` field. :meth:`Settings.part` fills every field so named, so a new option
-reaches its subsystem by a field of its name in that subsystem's part.
+:class:`Timing` field. :data:`PARTS` says, for each part, how it is filled, field by field:
+``settings.part(DraSettings)`` builds it. A new option reaches its subsystem by a field in
+that subsystem's part and a line in its builder.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from ate_devplugin.config import Problem, ResourceConfig, socket_name
 from ate_devplugin.settings.idle import idle_fields
 from ate_devplugin.settings.options import DRA_DRIVER, KUBELET_SOCKET
 
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
-
-P = TypeVar("P", bound="DataclassInstance")
+P = TypeVar("P")
 
 # Written by the kubelet's device manager in the plugin directory.
 CHECKPOINT = "kubelet_internal_checkpoint"
@@ -28,7 +26,9 @@ CHECKPOINT = "kubelet_internal_checkpoint"
 
 @dataclass(frozen=True)
 class Timing:
-    """Every timing knob of the lifecycle, in seconds: not options, one place, so tests can shrink them."""
+    """The lifecycle's timing knobs, in seconds: not options, in one place so that tests can
+    shrink them. Bounds that belong to one protocol or peer (how long the API server, the
+    kubelet or a prober is given) are constants beside the code that speaks to it."""
 
     # Registered but the kubelet opened no stream (or dropped it) without restarting:
     # wait this long for a restart before registering again.
@@ -80,10 +80,6 @@ class RuntimeSettings:
     close_s: float
 
     @property
-    def device_plugin(self) -> bool:
-        return self.mode != "dra"
-
-    @property
     def dra(self) -> bool:
         return self.mode != "device-plugin"
 
@@ -101,6 +97,18 @@ class DevicePluginSettings:
     server_stop_grace_s: float
     server_stop_margin_s: float
     agent_stop_s: float
+    mode: str = "device-plugin"
+    kvm_probe: str = "local"
+
+    @property
+    def serves_resources(self) -> bool:
+        """The configured resources (not in mode dra, where the DRA driver serves them)."""
+        return self.mode != "dra"
+
+    @property
+    def serves_probers(self) -> bool:
+        """With the prober (socket mode), its resource beside each probed one, in every mode."""
+        return self.kvm_probe == "socket"
 
     @property
     def kubelet_socket(self) -> str:
@@ -160,7 +168,15 @@ class KvmHealthSettings:
     kvm_probe_period: float
     kvm_probe_timeout: float
     kvm_probe_socket: str
+    kvm_prober_uid: int
+    kvm_prober_gid: int
     nfd_features_dir: str
+    nfd_label_ttl: float
+
+    @property
+    def prober_grace_s(self) -> float:
+        """Socket mode: a prober away this long (three periods) takes its verdicts with it."""
+        return 3 * (self.kvm_probe_period or self.kvm_probe_timeout)
 
 
 @dataclass(frozen=True)
@@ -182,16 +198,104 @@ class Settings:
     idle: tuple[Problem, ...] = ()
 
     def part(self, cls: type[P]) -> P:
-        """``cls`` with each field filled from the option or the timing of its name (a
-        field with a default that neither names keeps it)."""
-        filled: dict[str, Any] = {}
-        for f in fields(cls):
-            if f.name in self.values:
-                filled[f.name] = self.values[f.name]
-            elif hasattr(self.timing, f.name):
-                filled[f.name] = getattr(self.timing, f.name)
-        return cls(**filled)
+        """The part ``cls`` of these settings (one of :data:`PARTS`)."""
+        build = PARTS.get(cls)
+        if build is None:
+            raise TypeError(f"{cls.__name__} is not a settings part: add its builder to PARTS")
+        return cast(P, build(self.values, self.timing))
 
     def warnings(self, resources: Sequence[ResourceConfig]) -> list[Problem]:
         """What was set but does nothing here: these settings, then the config's fields."""
         return [*self.idle, *idle_fields(resources, self.values["mode"])]
+
+
+Values = Mapping[str, Any]
+
+
+def _runtime(v: Values, t: Timing) -> RuntimeSettings:
+    return RuntimeSettings(
+        config=v["config"],
+        plugin_dir=v["plugin_dir"],
+        socket_suffix=v["socket_suffix"],
+        metrics_address=v["metrics_address"],
+        log_format=v["log_format"],
+        log_level=v["log_level"],
+        cdi_dir=v["cdi_dir"],
+        mode=v["mode"],
+        pod_resources=v["pod_resources"],
+        reload_timeout_s=t.reload_timeout_s,
+        reload_settle_s=t.reload_settle_s,
+        close_s=t.close_s,
+    )
+
+
+def _device_plugin(v: Values, t: Timing) -> DevicePluginSettings:
+    return DevicePluginSettings(
+        plugin_dir=v["plugin_dir"],
+        socket_suffix=v["socket_suffix"],
+        stream_grace_s=t.stream_grace_s,
+        register_timeout_s=t.register_timeout_s,
+        backoff_initial_s=t.backoff_initial_s,
+        backoff_cap_s=t.backoff_cap_s,
+        server_stop_grace_s=t.server_stop_grace_s,
+        server_stop_margin_s=t.server_stop_margin_s,
+        agent_stop_s=t.agent_stop_s,
+        mode=v["mode"],
+        kvm_probe=v["kvm_probe"],
+    )
+
+
+def _pod_resources(v: Values, t: Timing) -> PodResourcesSettings:
+    return PodResourcesSettings(
+        pod_resources_socket=v["pod_resources_socket"],
+        pod_resources_interval=v["pod_resources_interval"],
+        pod_resources_debounce_s=t.pod_resources_debounce_s,
+        pod_resources_gap_s=t.pod_resources_gap_s,
+        pod_resources_timeout_s=t.pod_resources_timeout_s,
+        plugin_dir=v["plugin_dir"],
+        mode=v["mode"],
+    )
+
+
+def _dra(v: Values, t: Timing) -> DraSettings:
+    return DraSettings(
+        node_name=v["node_name"],
+        registry_dir=v["registry_dir"],
+        dra_dir=v["dra_dir"],
+        dra_slots=v["dra_slots"],
+        dra_sharing=v["dra_sharing"],
+        dra_taint_effect=v["dra_taint_effect"],
+    )
+
+
+def _kvm_health(v: Values, t: Timing) -> KvmHealthSettings:
+    return KvmHealthSettings(
+        device_root=v["device_root"],
+        kvm_probe=v["kvm_probe"],
+        kvm_probe_period=v["kvm_probe_period"],
+        kvm_probe_timeout=v["kvm_probe_timeout"],
+        kvm_probe_socket=v["kvm_probe_socket"],
+        kvm_prober_uid=v["kvm_prober_uid"],
+        kvm_prober_gid=v["kvm_prober_gid"],
+        nfd_features_dir=v["nfd_features_dir"],
+        nfd_label_ttl=v["nfd_label_ttl"],
+    )
+
+
+def _daemon(v: Values, t: Timing) -> DaemonSettings:
+    return DaemonSettings(
+        device_root=v["device_root"],
+        event_deadline_s=t.event_deadline_s,
+        shutdown_deadline_s=t.shutdown_deadline_s,
+    )
+
+
+# Every part, and how it is filled from the options' values and the timing.
+PARTS: Mapping[type[Any], Callable[[Values, Timing], object]] = {
+    RuntimeSettings: _runtime,
+    DevicePluginSettings: _device_plugin,
+    PodResourcesSettings: _pod_resources,
+    DraSettings: _dra,
+    KvmHealthSettings: _kvm_health,
+    DaemonSettings: _daemon,
+}

@@ -13,6 +13,7 @@ the number of examples for a longer run by hand.
 from __future__ import annotations
 
 import os
+from dataclasses import fields
 from typing import Any
 
 import pytest
@@ -21,7 +22,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
-from ate_devplugin.config import MAX_MESSAGE_BYTES, ConfigError, ResourceConfig, max_units, parse_resources
+from ate_devplugin.config import (
+    MAX_MESSAGE_BYTES,
+    ConfigError,
+    ResourceConfig,
+    max_units,
+    parse_resources,
+    profile_entry,
+)
 
 EXAMPLES = int(os.environ.get("ATE_FUZZ_EXAMPLES", "300"))
 FUZZ = settings(
@@ -36,19 +44,26 @@ FUZZ = settings(
 
 
 def as_document(resources: tuple[ResourceConfig, ...]) -> dict[str, Any]:
+    return {"version": 1, "resources": [as_resource(r) for r in resources]}
+
+
+def as_resource(r: ResourceConfig) -> dict[str, Any]:
+    """Every field of the model as the file spells it (tests/unit/config/test_fuzz.py's
+    strategies generate each: test_the_fuzzer_writes_every_field_of_the_model)."""
+    mode = None if r.cdi_file_mode is None else f"{r.cdi_file_mode:04o}"
+    cdi = {"file_mode": mode, "uid": r.cdi_uid, "gid": r.cdi_gid}
     return {
-        "version": 1,
-        "resources": [
-            {
-                "name": r.name,
-                "devices": list(r.devices),
-                "units": r.units,
-                "permissions": r.permissions,
-                "mounts": [vars(m) for m in r.mounts],
-                "env": dict(r.env),
-            }
-            for r in resources
-        ],
+        "name": r.name,
+        "devices": list(r.devices),
+        "units": r.units,
+        "permissions": r.permissions,
+        "mounts": [vars(m) for m in r.mounts],
+        "env": dict(r.env),
+        "allocate": r.allocate,
+        "cdi": {k: v for k, v in cdi.items() if v is not None},
+        "preferred_allocation": r.preferred_allocation,
+        **({"health": r.health} if r.health is not None else {}),
+        "restore_profiles": {p.name: profile_entry(p) for p in r.restore_profiles},
     }
 
 
@@ -90,10 +105,13 @@ def parse_or_reject(text: str, source: Any = None) -> None:
         return
     message = str(error)
     assert "\n" not in message, message
-    assert message.startswith(f"{error.field_name}: ")
+    assert message.startswith(f"{error.problems[0].field}: ")
 
 
 # --- inputs ----------------------------------------------------------------------------
+
+# Every field of a resource as the file names it: the model's fields, the cdi_* ones in `cdi`.
+FILE_FIELDS = sorted({"cdi" if f.name.startswith("cdi_") else f.name for f in fields(ResourceConfig)})
 
 TOKENS = [
     *list(":-[]{},\n '\"#&*!|>%@`?\t.\\/0"),
@@ -107,6 +125,19 @@ TOKENS = [
     "container_path",
     "host_path",
     "read_only",
+    "allocate",
+    "cdi",
+    "file_mode",
+    "uid",
+    "gid",
+    "health",
+    "preferred_allocation",
+    "devices",
+    "both",
+    "exists",
+    "kvm",
+    "'0666'",
+    "0660",
     "ate.dev/kvm",
     "ate.dev/",
     "/dev/kvm",
@@ -164,24 +195,54 @@ device_paths = st.one_of(
     st.sampled_from(["/dev/kvm", "/dev/net/tun", "/dev/vfio/*", "/dev/dri/renderD*", "/dev/./kvm", "/dev/a/../b"]),
     st.from_regex(r"\A/dev/[a-z0-9/._*?\[\]-]{1,20}\Z"),
 )
-valid_resource = st.fixed_dictionaries(
-    {"name": resource_names, "devices": st.lists(device_paths, min_size=1, max_size=3)},
-    optional={
-        "units": st.integers(min_value=1, max_value=200_000),
-        "permissions": st.sampled_from(["r", "w", "rw", "wr", "rwm", "m", "mr"]),
-        "mounts": st.lists(
-            st.fixed_dictionaries(
-                {
-                    "container_path": st.sampled_from(["/x", "/etc/ate"]),
-                    "host_path": st.sampled_from(["/y", "/var/ate"]),
-                },
-                optional={"read_only": st.booleans()},
-            ),
-            max_size=2,
+RESOURCE_REQUIRED = {"name": resource_names, "devices": st.lists(device_paths, min_size=1, max_size=3)}
+RESOURCE_OPTIONAL = {
+    "units": st.integers(min_value=1, max_value=200_000),
+    "permissions": st.sampled_from(["r", "w", "rw", "wr", "rwm", "m", "mr"]),
+    "mounts": st.lists(
+        st.fixed_dictionaries(
+            {
+                "container_path": st.sampled_from(["/x", "/etc/ate"]),
+                "host_path": st.sampled_from(["/y", "/var/ate"]),
+            },
+            optional={"read_only": st.booleans()},
         ),
-        "env": st.dictionaries(st.from_regex(r"\A[A-Z_][A-Z0-9_]{0,6}\Z"), st.text(max_size=8), max_size=3),
-    },
-)
+        max_size=2,
+    ),
+    "env": st.dictionaries(st.from_regex(r"\A[A-Z_][A-Z0-9_]{0,6}\Z"), st.text(max_size=8), max_size=3),
+    "allocate": st.sampled_from(["devices", "cdi", "both"]),
+    "cdi": st.fixed_dictionaries(
+        {},
+        optional={
+            "file_mode": st.sampled_from(["0666", "666", "0600", "0660"]),
+            "uid": st.integers(min_value=0, max_value=70_000),
+            "gid": st.integers(min_value=0, max_value=70_000),
+        },
+    ),
+    "health": st.sampled_from(["exists", "kvm"]),
+    "preferred_allocation": st.booleans(),
+    "restore_profiles": st.dictionaries(
+        st.from_regex(r"\A[a-z0-9](?:[a-z0-9_]{0,6}[a-z0-9])?\Z"),
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "features": st.lists(st.sampled_from(["sse4_2", "avx2", "la57", "invtsc", "cpuid_7_0_ebx_22"])),
+                "vendor": st.sampled_from(["GenuineIntel", "AuthenticAMD"]),
+                "kvm_implementations": st.lists(st.sampled_from(["vmx", "svm", "pvm"]), unique=True),
+                "tsc": st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "khz": st.integers(min_value=1, max_value=10_000_000),
+                        "tolerance_ppm": st.integers(min_value=0, max_value=1_000_000),
+                        "scaling": st.sampled_from(["accept", "ignore", "require"]),
+                    },
+                ),
+            },
+        ),
+        max_size=3,
+    ),
+}
+valid_resource = st.fixed_dictionaries(RESOURCE_REQUIRED, optional=RESOURCE_OPTIONAL)
 valid_config = st.fixed_dictionaries({"resources": st.lists(valid_resource, min_size=1, max_size=3)})
 
 
@@ -203,7 +264,7 @@ def mutated_config(draw: st.DrawFn) -> dict[str, Any]:
         elif not isinstance(target, dict):
             continue
         elif action == "replace":
-            target[draw(st.sampled_from([*sorted(target), "units", "env", "mounts"]))] = draw(junk)
+            target[draw(st.sampled_from([*sorted(target), *FILE_FIELDS]))] = draw(junk)
         elif action == "delete" and target:
             del target[draw(st.sampled_from(sorted(target)))]
         else:
@@ -286,3 +347,11 @@ def test_deeply_nested_yaml_is_a_config_error() -> None:
         with pytest.raises(ConfigError) as info:
             parse_resources(text)
         assert "\n" not in str(info.value)
+
+
+def test_the_fuzzer_writes_every_field_of_the_model() -> None:
+    """A new field of ResourceConfig is fuzzed too: the strategy of valid resources and the
+    round trip of accepted ones name every field of the file."""
+    assert sorted({*RESOURCE_REQUIRED, *RESOURCE_OPTIONAL}) == FILE_FIELDS
+    written = as_resource(ResourceConfig(name="ate.dev/kvm", devices=("/dev/kvm",), health="kvm", cdi_file_mode=0o666))
+    assert sorted(written) == FILE_FIELDS

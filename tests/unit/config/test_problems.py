@@ -41,7 +41,7 @@ def test_str_is_one_line_of_every_problem() -> None:
         "resources[0].units: must be a positive integer (got 0); "
         "resources[0].permissions: must be letters from 'rwm', each at most once (got 'x')"
     )
-    assert (error.field_name, error.problem) == ("resources[0].units", "must be a positive integer (got 0)")
+    assert (error.problems[0].field, error.problem) == ("resources[0].units", "must be a positive integer (got 0)")
 
 
 def test_model_rules_of_each_resource_are_all_reported() -> None:
@@ -109,7 +109,7 @@ def test_a_list_over_its_bound_is_not_looked_into() -> None:
         (
             "colour: red",
             "resources[0].colour: unknown key (known: allocate, cdi, devices, env, health, mounts, name, permissions, "
-            "preferred_allocation, units)",
+            "preferred_allocation, restore_profiles, units)",
         ),
         ("cdi: {mode: '0666'}", "resources[0].cdi.mode: unknown key (hint: did you mean 'file_mode'?)"),
         (

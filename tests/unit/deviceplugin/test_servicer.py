@@ -219,7 +219,7 @@ async def test_list_and_watch_sends_full_set_on_connect_and_on_change(plugin: Pl
     first = await stream.read()
     assert [d.ID for d in first.devices] == list(RESOURCE.unit_ids())
     assert {d.health for d in first.devices} == {"Healthy"}
-    assert plugin.state.streams == 1
+    assert plugin.count("ate_devplugin_list_and_watch_streams") == 1
     plugin.state.update(Discovery(nodes=(), complete=False))
     second = await stream.read()
     assert len(second.devices) == RESOURCE.units

@@ -20,7 +20,9 @@ from ate_devplugin.api.dra.v1beta1 import api_pb2 as v1beta1
 from ate_devplugin.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from ate_devplugin.api.pluginregistration.v1 import api_pb2 as reg
 from ate_devplugin.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from ate_devplugin.components import ClaimsChanged, Notice
 from ate_devplugin.config import DEFAULT_RESOURCES
+from ate_devplugin.cpu.restore import Answer
 from ate_devplugin.dra import service
 from ate_devplugin.dra.kube import ApiError
 from ate_devplugin.dra.plugin import DraPlugin
@@ -29,6 +31,7 @@ from ate_devplugin.host.devices import DeviceNode, Discovery
 from ate_devplugin.kvm.facts import DeviceFacts, NodeFacts
 from ate_devplugin.kvm.probe import ProbeResult
 from ate_devplugin.kvm.reasons import Reason
+from ate_devplugin.kvmstate import KvmChanged, KvmState
 from ate_devplugin.observability.logs import MAX_REASON
 from ate_devplugin.observability.metrics import DraMetrics
 from ate_devplugin.settings import DRA_DRIVER, DraSettings, Settings, resolve
@@ -72,6 +75,7 @@ class Rig:
     def __init__(
         self, tmp_path: Path, consumable_capacity: bool = True, kvm_facts: NodeFacts | None = None, **flags: str
     ) -> None:
+        """``kvm_facts``: the KVM probe runs, and at start tells this node's facts with no verdict yet."""
         self.settings = dra_settings(tmp_path, **flags).part(DraSettings)
         self.api = FakeApi()
         self.registry = CollectorRegistry()
@@ -83,15 +87,25 @@ class Rig:
             DraMetrics(self.registry),
             NoOpTracer(),
             lambda resource: self.cdi_problems.get(resource, ""),
-            kvm=kvm_facts is not None,
-            node_facts=lambda: kvm_facts or NODE_FACTS,
         )
+        self.notices: list[Notice] = []  # what it tells the other components
+        self.plugin.tell_to(self.notices.append)
+        self.kvm_facts = kvm_facts
         self.api.consumable_capacity = consumable_capacity
         self.deaths: list[str] = []
         self.guard = Guard(lambda name, error: self.deaths.append(name))
 
     async def start(self) -> None:
         await self.plugin.start((KVM,), self.guard)
+        if self.kvm_facts is not None:
+            self.tell_kvm(None)
+
+    def tell_kvm(
+        self, verdict: ProbeResult | None, facts: DeviceFacts | None = None, restore: tuple[Answer, ...] = ()
+    ) -> None:
+        """The KVM state as the KVM health component tells it (kvmstate.KvmChanged)."""
+        assert self.kvm_facts is not None
+        KvmChanged({KVM.name: KvmState("/dev/kvm", verdict, self.kvm_facts, facts, restore)}).deliver(self.plugin)
 
     def sample(self, name: str, **labels: str) -> float | None:
         return self.registry.get_sample_value(name, labels)
@@ -480,19 +494,18 @@ async def test_a_claim_is_not_prepared_while_its_cdi_spec_is_not_on_disk(rig: Ri
 async def test_who_reads_pods_hears_of_every_prepare_and_unprepare_and_knows_every_device(rig: Rig) -> None:
     """The PodResources watch lists after each answered call, and maps claimed devices to
     resources by name: every device a resource may publish, present or not."""
-    heard: list[str] = []
-    rig.plugin.claim_listeners.append(lambda: heard.append("changed"))
+    rig.notices.clear()
     rig.api.add_claim("ns", "one", "u1", allocated("ate-dev-kvm-0"))
     async with rig.channel(rig.settings.socket) as channel:
         stub = v1_grpc.DRAPluginStub(channel)  # type: ignore[no-untyped-call]
         await stub.NodePrepareResources(
             v1.NodePrepareResourcesRequest(claims=[v1.Claim(namespace="ns", uid="u1", name="one")])
         )
-        assert heard == ["changed"]
+        assert rig.notices == [ClaimsChanged()]
         await stub.NodeUnprepareResources(
             v1.NodeUnprepareResourcesRequest(claims=[v1.Claim(namespace="ns", uid="u1", name="one")])
         )
-    assert heard == ["changed", "changed"]
+    assert rig.notices == [ClaimsChanged(), ClaimsChanged()]
     expected = {SHARED: KVM.name, **dict.fromkeys(SLOTS, KVM.name)}
     assert rig.plugin.device_resources() == expected
     rig.plugin.on_discovery(ABSENT)  # unpublished: still known
@@ -517,12 +530,16 @@ async def test_with_the_kvm_probe_devices_carry_its_facts_taint_and_health(tmp_p
     )  # fmt: skip
     assert "kvmApiVersion" not in attrs  # not probed yet
 
-    rig.plugin.on_kvm_verdict(KVM.name, verdict(Reason.PASSED, DeviceFacts(12, {"max_vcpus": 1024}, "e4da")))
+    learned = DeviceFacts(12, {"max_vcpus": 1024}, "e4da")
+    rig.tell_kvm(verdict(Reason.PASSED, learned), learned, (Answer("snap"), Answer("old", reasons=(("tsc", "x"),))))
     await until(lambda: "kvmApiVersion" in rig.api.devices_json()[0]["attributes"], "device facts")
     assert rig.api.devices_json()[0]["attributes"]["cpuidDigest"] == {"string": "e4da"}
+    # whether the node can restore each restore profile: one plain term selects it
+    assert {d["attributes"]["restore_snap"]["bool"] for d in rig.api.devices_json()} == {True}
+    assert {d["attributes"]["restore_old"]["bool"] for d in rig.api.devices_json()} == {False}
     assert all(r.healthy for r in rig.plugin.health.reports)
 
-    rig.plugin.on_kvm_verdict(KVM.name, verdict(Reason.NOT_KVM))
+    rig.tell_kvm(verdict(Reason.NOT_KVM), learned)  # the last pass's facts kept
     await until(lambda: all("taints" in d for d in rig.api.devices_json()), "tainted")
     taints = [d["taints"] for d in rig.api.devices_json()]
     assert all([(t["key"], t["value"], t["effect"]) for t in ts] ==
@@ -533,14 +550,14 @@ async def test_with_the_kvm_probe_devices_carry_its_facts_taint_and_health(tmp_p
         (False, "ate.dev/kvm: KVM probe failed: not-a-kvm-device: /dev/kvm: not-a-kvm-device")
     }
 
-    rig.plugin.on_kvm_verdict(KVM.name, None)  # no verdict holds (the node gone, or the probe off)
+    rig.tell_kvm(None, learned)  # no verdict holds (the node gone, or the prober)
     await until(lambda: not any("taints" in d for d in rig.api.devices_json()), "untainted")
     assert all(r.healthy for r in rig.plugin.health.reports)
     await rig.plugin.stop(2.0)
 
 
 async def test_without_the_kvm_probe_devices_carry_the_resource_alone(rig: Rig) -> None:
-    rig.plugin.on_kvm_verdict(KVM.name, verdict(Reason.NOT_KVM))  # never wired so; nothing to publish of it
+    KvmChanged({}).deliver(rig.plugin)  # no resource probed
     await asyncio.sleep(0.05)
     assert rig.api.devices_json()[1] == {"name": SLOTS[0], "attributes": {"resource": {"string": "ate.dev/kvm"}}}
     assert not any("taints" in d for d in rig.api.devices_json())

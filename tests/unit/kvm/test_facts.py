@@ -1,17 +1,26 @@
 """The node's facts from /proc and /sys trees of the test's own (Intel under PVM as on these
 machines, AMD and Intel hardware, two implementations loaded, arm64, nothing readable),
-the CPUID digest and features from entries, and the facts as attributes and labels."""
+the CPUID digest and features from entries, the facts as attributes and labels, and the
+CPU profile's part of the facts."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from ate_devplugin.config import MAX_PATH_CHARS
+from ate_devplugin.cpu.features import EAX, EBX, FEATURE_REGISTERS, IDENTITY_REGISTERS, Register
+from ate_devplugin.cpu.profile import Tsc
 from ate_devplugin.kvm import cpuid
 from ate_devplugin.kvm.attributes import Version, attributes, kernel_version
 from ate_devplugin.kvm.cpuid import Entry
-from ate_devplugin.kvm.facts import DeviceFacts, NodeFacts, read_node_facts
+from ate_devplugin.kvm.facts import CAPABILITIES, DeviceFacts, NodeFacts, cpu_profile, read_node_facts
+from ate_devplugin.kvm.probe import ProbeResult
+from ate_devplugin.kvm.reasons import Reason
+from ate_devplugin.kvm.runner import MAX_LINE
 
 # The start of /proc/cpuinfo on these machines (and what another vendor's looks like).
 INTEL_UNDER_PVM = """processor\t: 0
@@ -207,3 +216,49 @@ def test_the_kernel_version_is_the_numeric_release(release: str, version: str) -
 def test_a_release_without_numbers_has_no_version() -> None:
     assert kernel_version("custom") is None
     assert "kernelVersion" not in attributes(NodeFacts("amd64", "", None, None, None, "", False, "", "custom"))
+
+
+# --- the CPU profile's part -------------------------------------------------------
+
+
+def test_the_registers_of_a_profile_are_the_identity_and_the_covered_ones_set() -> None:
+    found = cpuid.registers(ENTRIES)
+    assert found[Register(0x7, 0, EBX)] == 0x1802852
+    assert found[Register(0x0, 0, EBX)] == 0x756E6547  # "Genu"
+    assert Register(0x1, 0, EBX) not in found  # the APIC ID and CLFLUSH size: no feature
+    assert Register(0x7, 1, EBX) not in found  # 0: left out
+    assert Register(0x0, 0, EAX) not in found  # the highest leaf: no feature either
+
+
+def test_the_cpu_profile_of_these_machines_facts() -> None:
+    device = DeviceFacts(12, {"tsc_control": 0}, cpuid.digest(ENTRIES), cpuid.notable(ENTRIES),
+                         cpuid.registers(ENTRIES), 2599998)  # fmt: skip
+    made = cpu_profile(NODE, device)
+    assert (made.architecture, made.vendor) == ("amd64", "GenuineIntel")
+    assert (made.family, made.model, made.stepping) == (6, 167, 1)
+    assert (made.tsc, made.invariant_tsc, made.kvm_implementation) == (Tsc(2599998, False), True, "pvm")
+    assert set(cpuid.notable(ENTRIES)) <= made.features
+    assert Register(0x0, 0, EBX) not in made.registers  # the vendor is said as text, not a feature register
+    assert cpu_profile(NODE, replace(device, capabilities={"tsc_control": 1})).tsc.scaling
+    assert not cpu_profile(NODE, DeviceFacts(12)).has_cpuid  # arm64, or a prober before profiles
+
+
+def test_the_device_facts_go_through_json_and_an_older_probers_read_too() -> None:
+    device = DeviceFacts(12, {"max_vcpus": 1024}, "0" * 32, ("cx16",), cpuid.registers(ENTRIES), 2599998)
+    assert DeviceFacts.from_json(json.loads(json.dumps(device.to_json()))) == device
+    older = {"api_version": 12, "capabilities": {"max_vcpus": 1024}, "cpuid_digest": "0" * 32, "cpu_features": ["cx16"]}
+    assert DeviceFacts.from_json(older) == DeviceFacts(12, {"max_vcpus": 1024}, "0" * 32, ("cx16",))
+    with pytest.raises(ValueError, match="not a CPUID register"):
+        DeviceFacts.from_json({**older, "cpuid_registers": {"leaf 7": 1}})
+
+
+def test_the_largest_probe_result_stays_far_inside_the_probers_line() -> None:
+    """Every register a profile reads with every bit set, the longest device path the config
+    takes and every notable feature: the result's line against the 64 KiB bound (runner.py,
+    kvmhealth/link.py)."""
+    full = dict.fromkeys((*IDENTITY_REGISTERS, *FEATURE_REGISTERS), 4294967295)
+    device = DeviceFacts(12, dict.fromkeys(CAPABILITIES, 2**31), "f" * 32, tuple(cpuid.NOTABLE), full, 2**32 - 1)
+    path = "/dev/" + "d" * (MAX_PATH_CHARS - 5)
+    result = ProbeResult(path, Reason.PASSED, path + ": " + "m" * 200, 5.0, "10:232", 12, ("hlt",) * 8, True, device)
+    line = json.dumps(result.to_json()).encode()
+    assert len(line) < MAX_LINE // 8, len(line)

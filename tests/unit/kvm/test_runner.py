@@ -19,7 +19,7 @@ import pytest
 
 from ate_devplugin.kvm import worker
 from ate_devplugin.kvm.reasons import Reason
-from ate_devplugin.kvm.runner import Prober
+from ate_devplugin.kvm.runner import ProbeRunner
 
 PY = sys.executable
 
@@ -29,6 +29,17 @@ def child(script: str) -> list[str]:
 
 
 HANGS = child("import sys, time; sys.stdin.readline(); time.sleep(600)")
+
+
+def counted(log: Path, script: str = "from ate_devplugin.kvm import worker; worker.main()") -> list[str]:
+    """A child that writes a line to ``log`` as it starts, then runs ``script`` (the product's worker)."""
+    return child(f"open({str(log)!r}, 'a').write('started\\n'); {script}")
+
+
+def starts(log: Path) -> int:
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
 DIES = child("import sys; sys.stdin.readline(); sys.exit(3)")
 NONSENSE = child("import sys; sys.stdin.readline(); print('not json', flush=True); sys.stdin.readline()")
 WRONG_DEVICE = child(
@@ -62,8 +73,8 @@ class LoopLag:
 
 
 @pytest.fixture
-async def prober() -> AsyncIterator[Prober]:
-    p = Prober()
+async def prober(tmp_path: Path) -> AsyncIterator[ProbeRunner]:
+    p = ProbeRunner(counted(tmp_path / "starts"))
     yield p
     await p.close()
 
@@ -80,25 +91,25 @@ def alive(pid: int) -> bool:
         return False
 
 
-async def test_one_worker_answers_every_probe(prober: Prober, tmp_path: Path) -> None:
+async def test_one_worker_answers_every_probe(prober: ProbeRunner, tmp_path: Path) -> None:
     results = [await prober.probe(d, 10) for d in ("/dev/null", str(tmp_path / "kvm"), "/dev/null")]
     assert [r.reason for r in results] == [Reason.NOT_KVM, Reason.MISSING, Reason.NOT_KVM]
     assert results[0].rdev == "1:3"
-    assert prober.started == 1
+    assert starts(tmp_path / "starts") == 1
 
 
-async def test_a_worker_per_probe_when_not_reused() -> None:
-    p = Prober(reuse=False)
+async def test_a_worker_per_probe_when_not_reused(tmp_path: Path) -> None:
+    p = ProbeRunner(counted(tmp_path / "starts"), reuse=False)
     try:
         for _ in range(3):
             assert (await p.probe("/dev/null", 10)).reason is Reason.NOT_KVM
     finally:
         await p.close()
-    assert p.started == 3
+    assert starts(tmp_path / "starts") == 3
 
 
-async def test_a_child_that_hangs_is_killed_at_the_deadline_and_the_loop_never_waits() -> None:
-    p = Prober(HANGS)
+async def test_a_child_that_hangs_is_killed_at_the_deadline_and_the_loop_never_waits(tmp_path: Path) -> None:
+    p = ProbeRunner(counted(tmp_path / "starts", "import sys, time; sys.stdin.readline(); time.sleep(600)"))
     async with LoopLag() as lag:
         start = time.monotonic()
         probing = asyncio.create_task(p.probe("/dev/kvm", 0.5))
@@ -114,13 +125,13 @@ async def test_a_child_that_hangs_is_killed_at_the_deadline_and_the_loop_never_w
     assert 0.5 <= took < 0.5 + p.kill_wait_s + 0.5
     assert not alive(pid)
     assert again.reason is Reason.TIMED_OUT
-    assert (p.started, p.abandoned) == (2, [])
+    assert (starts(tmp_path / "starts"), p.abandoned) == (2, [])
     assert lag.worst < 0.25  # the ticker ran all along (the bound is generous: 2 shared cores)
 
 
 async def test_a_child_that_outlives_its_kill_is_abandoned_and_never_waited_for() -> None:
     killed: list[int] = []
-    p = Prober(HANGS, kill_wait_s=0.2, kill=lambda proc: killed.append(proc.pid))  # a kill that does not take
+    p = ProbeRunner(HANGS, kill_wait_s=0.2, kill=lambda proc: killed.append(proc.pid))  # a kill that does not take
     result = await p.probe("/dev/kvm", 0.3)
     assert result.reason is Reason.TIMED_OUT
     assert result.message.endswith("the probe process was killed, and still not gone after 0.2s: abandoned")
@@ -145,16 +156,16 @@ async def test_a_child_that_dies_or_talks_nonsense_is_a_prober_failure() -> None
         (WRONG_DEVICE, "/dev/kvm: the probe process answered nonsense: an answer about '/dev/other'"),
         ([str(Path("/nonexistent/python"))], "/dev/kvm: the probe process failed: [Errno 2] No such file or directory"),
     ):
-        p = Prober(command)
+        p = ProbeRunner(command)
         result = await p.probe("/dev/kvm", 5)
         await p.close()
         assert (result.reason, result.message.split(": '/nonexistent")[0]) == (Reason.PROBER_FAILED, text)
 
 
 async def test_a_cancelled_probe_takes_its_worker_with_it() -> None:
-    p = Prober(HANGS)
+    p = ProbeRunner(HANGS)
     task = asyncio.create_task(p.probe("/dev/kvm", 30))
-    while p.started == 0 or p._worker is None:
+    while p._worker is None:
         await asyncio.sleep(0.01)
     pid = p._worker.pid
     await asyncio.sleep(0.1)
@@ -171,17 +182,17 @@ async def test_a_cancelled_probe_takes_its_worker_with_it() -> None:
     assert p._dropped[0].returncode is not None  # reaped by close(), while this loop runs
 
 
-async def test_probes_take_turns() -> None:
-    p = Prober()
+async def test_probes_take_turns(tmp_path: Path) -> None:
+    p = ProbeRunner(counted(tmp_path / "starts"))
     try:
         results = await asyncio.gather(*(p.probe("/dev/null", 10) for _ in range(4)))
     finally:
         await p.close()
     assert {r.reason for r in results} == {Reason.NOT_KVM}
-    assert p.started == 1
+    assert starts(tmp_path / "starts") == 1
 
 
-async def test_close_ends_the_worker_through_its_stdin(prober: Prober) -> None:
+async def test_close_ends_the_worker_through_its_stdin(prober: ProbeRunner) -> None:
     await prober.probe("/dev/null", 10)
     worker_process = prober._worker
     assert worker_process is not None

@@ -1,6 +1,6 @@
-"""Socket mode (``--kvm-probe socket``): the monitor and the real prober client
-(kvmhealth/prober.py) over a real unix socket; only the probe itself is faked (its worker
-is tested in tests/unit/kvm/test_runner.py, the real device in tests/kvm)."""
+"""Socket mode (``--kvm-probe socket``): the KVM health component and the real prober
+(kvm/prober.py) over a real unix socket; only the probe itself is faked (its worker is
+tested in tests/unit/kvm/test_runner.py, the real device in tests/kvm)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,23 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import stat
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from ate_devplugin.kvm.probe import ProbeResult
+from ate_devplugin.kvm.prober import serve
 from ate_devplugin.kvm.reasons import Reason
+from ate_devplugin.kvm.wire import Hello
 from ate_devplugin.kvmhealth.link import ProberLink
-from ate_devplugin.kvmhealth.prober import serve
+from ate_devplugin.observability.metrics import KvmMetrics
 from tests.unit.kvmhealth.test_monitor import KVM, FakeProber, Harness, until
 
 
@@ -49,9 +56,8 @@ async def test_unverified_until_the_prober_reports_then_its_verdicts_count(
         answers["reason"] = Reason.RUN
         await until(lambda: h.told[-1:] == [(KVM.name, Reason.RUN)], "the next period's failure")
         assert h.health.readiness()[1].startswith("KVM probe failed: run-failed: /dev/kvm: ")
-        link = h.health.link
-        assert link is not None
-        assert link.hello == {"pod": "ns/prober", "devices": {KVM.name: "/dev/kvm"}}
+        assert h.link is not None
+        assert h.link.hello == Hello("ns/prober", {KVM.name: "/dev/kvm"})
         assert not prober.done()
         assert "probed ate.dev/kvm (/dev/kvm): run-failed: /dev/kvm: run-failed" in caplog.text
     finally:
@@ -69,8 +75,8 @@ async def test_a_prober_gone_past_its_grace_takes_its_verdict_with_it(harness: H
     with contextlib.suppress(asyncio.CancelledError):
         await prober
     # Within the grace the last verdict holds; then none (existence alone), state prober-gone.
-    assert h.health.verdict(KVM.name) is not None
-    await until(lambda: h.health.verdict(KVM.name) is None, "dropped after the grace", 2.0)
+    assert h.verdict() is not None
+    await until(lambda: h.verdict() is None, "dropped after the grace", 2.0)
     assert h.told[-1] == (KVM.name, None)
     assert h.sample("ate_devplugin_kvm_probe_state", state="prober-gone") == 1
     assert h.health.readiness()[1].startswith("KVM probe: no prober for ")
@@ -175,10 +181,91 @@ async def test_the_prober_waits_for_the_daemon_with_backoff(tmp_path: Path) -> N
 async def test_a_stopping_daemon_leaves_the_next_ones_socket(tmp_path: Path) -> None:
     """A rollout with overlap (1.37+): the new daemon serves the path before the old stops."""
     path = str(tmp_path / "run/prober.sock")
-    old, new = ProberLink(path, 60.0), ProberLink(path, 60.0)
-    await old.start()
-    await new.start()
+    me = (os.geteuid(), os.getegid())
+    old, new = (
+        ProberLink(path, 60.0, me, KvmMetrics(CollectorRegistry())),
+        ProberLink(path, 60.0, me, KvmMetrics(CollectorRegistry())),
+    )
+    await old.start(lambda: None, lambda away_s: None)
+    await new.start(lambda: None, lambda away_s: None)
     await old.close()
     assert Path(path).is_socket()
     await new.close()
     assert not Path(path).exists()
+
+
+def refused(h: Harness, reason: str) -> float:
+    return h.registry.get_sample_value("ate_devplugin_kvm_prober_refused_total", {"reason": reason}) or 0.0
+
+
+async def test_a_peer_that_is_not_the_prober_is_refused_before_it_speaks(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only the prober's uid and gid (SO_PEERCRED) are heard: anyone else's hello and report
+    change nothing; each refusal is counted, the peer logged once while it lasts."""
+    me = (os.geteuid(), os.getegid())
+    h = Harness(tmp_path, FakeProber(), period=0.1, timeout=1.0, mode="socket", prober=(me[0], me[1] + 1))
+    await h.start(KVM)
+    h.discover()
+    caplog.set_level(logging.WARNING, "ate_devplugin.kvmhealth.link")
+    liar = asyncio.create_task(serve(h.socket, {KVM.name: "/dev/kvm"}, "", FakeProber(lambda p: Reason.RUN)))
+    try:
+        await until(lambda: refused(h, "identity") >= 3, "refused again and again", 10)
+        assert h.told == []
+        assert h.link is not None
+        assert h.link.hello is None
+        said = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+        assert said == [
+            f"refused a connection to the KVM prober's socket: uid {me[0]} gid {me[1]} (pid {os.getpid()}) "
+            f"is not the prober (uid {me[0]} gid {me[1] + 1})"
+        ]
+    finally:
+        liar.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await liar
+        assert await h.health.stop(2.0) == []
+
+
+async def test_a_connection_that_says_no_hello_is_closed(harness: Harness) -> None:
+    reader, writer = await asyncio.open_unix_connection(harness.socket)
+    try:
+        async with asyncio.timeout(3):
+            assert await reader.read() == b""  # closed by the daemon after its 0.3 s
+        assert refused(harness, "no-hello") == 1
+    finally:
+        writer.close()
+
+
+async def test_the_socket_is_the_daemons_alone_when_the_prober_is_of_its_uid(harness: Harness) -> None:
+    directory, socket_file = os.stat(os.path.dirname(harness.socket)), os.stat(harness.socket)
+    assert (stat.S_IMODE(directory.st_mode), stat.S_IMODE(socket_file.st_mode)) == (0o700, 0o600)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="another gid needs root")
+async def test_a_refused_peer_does_not_displace_the_connected_prober(harness: Harness) -> None:
+    h = harness
+    h.discover()
+    prober = asyncio.create_task(serve(h.socket, {KVM.name: "/dev/kvm"}, "ns/prober", FakeProber()))
+    try:
+        await until(lambda: h.told[-1:] == [(KVM.name, Reason.PASSED)], "the prober's verdict")
+        # root of another group: it reaches the socket (the directory is root's), says hello
+        # and reports a failure; the daemon refuses it at connect.
+        hello = b'{"v":1,"hello":{"pod":"x/y","devices":{"ate.dev/kvm":"/dev/kvm"}}}\n'
+        script = (
+            "import socket, sys\ns = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\n"
+            f"try:\n    s.sendall({hello!r})\n    print(repr(s.recv(100)))\n"
+            "except ConnectionError as e:\n    print(type(e).__name__)\n"
+        )
+        foreign = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-c", script, h.socket], group=65534, capture_output=True, text=True
+        )
+        assert foreign.stdout.strip() in ("b''", "ConnectionResetError", "BrokenPipeError"), foreign  # closed
+        assert refused(h, "identity") == 1
+        assert h.link is not None
+        assert h.link.hello == Hello("ns/prober", {KVM.name: "/dev/kvm"})  # still the one heard
+        await asyncio.sleep(0.25)  # a period later: the prober is asked, and answers
+        assert h.told[-1] == (KVM.name, Reason.PASSED)
+    finally:
+        prober.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await prober

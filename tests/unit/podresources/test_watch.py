@@ -409,7 +409,7 @@ async def test_a_prepared_or_unprepared_claim_lists_after_the_debounce(tmp_path:
         await asyncio.sleep(0.01)  # past the (zero) gap after the first List
         loop = asyncio.get_running_loop()
         asked = loop.time()
-        s.watch.claims_changed()
+        s.watch.on_claims_changed()
         s.lister.pods = [claimed("vm", "a", "vmm", ("a-kvm", DRIVER, "ate-dev-kvm"))]
         await until(lambda: s.units("vm", "a", "vmm") == 1, "a List after the claim")
         assert loop.time() - asked >= 0.3

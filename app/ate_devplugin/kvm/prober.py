@@ -1,25 +1,24 @@
 """``ate-devplugin probe``: the prober. It runs where the device was granted to it (the chart's
-prober pod requests the resource like any consumer), connects to the daemon's socket, says
-hello with the devices it can probe, and answers each ``probe`` request with a verdict from
-kvm/runner.py's worker (bounded there: a hung probe is ``timed-out``, never a hung prober).
-It reconnects with backoff when the daemon is away, and exits 0 when told ``restart`` (its
-device is stale: the kubelet starts it again with the host's current node).
+prober pod), connects to the daemon's socket, says hello with the devices it can probe, and
+answers each probe request with a verdict from a :class:`~ate_devplugin.kvm.runner.ProbeRunner`
+(bounded there: a hung probe is ``timed-out``, never a hung prober). It reconnects with
+backoff while the daemon is away, and exits 0 when told to restart (its device is stale:
+the kubelet starts it again with the host's current node). It speaks kvm/wire.py and loads
+nothing of the daemon.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
 from collections.abc import Mapping
-from typing import Any
 
-from ate_devplugin.kvm.runner import Prober
-from ate_devplugin.kvmhealth.link import MAX_LINE, VERSION
-from ate_devplugin.kvmhealth.monitor import Probes
+from ate_devplugin.kvm import wire
+from ate_devplugin.kvm.runner import ProbeRunner, Runner
+from ate_devplugin.tasks import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -31,25 +30,25 @@ async def serve(
     socket_path: str,
     devices: Mapping[str, str],
     pod: str = "",
-    prober: Probes | None = None,
+    runner: Runner | None = None,
     backoff_max_s: float = BACKOFF_MAX_S,
 ) -> int:
     """Serves the daemon until told to restart (returns 0) or cancelled."""
-    prober = prober or Prober()
-    backoff = BACKOFF_START_S
+    runner = runner or ProbeRunner()
+    backoff = Backoff(min(BACKOFF_START_S, backoff_max_s), backoff_max_s)
     try:
         while True:
             try:
-                reader, writer = await asyncio.open_unix_connection(socket_path, limit=MAX_LINE)
+                reader, writer = await asyncio.open_unix_connection(socket_path, limit=wire.MAX_LINE)
             except OSError as exc:
-                log.info("the daemon's socket %s is not there yet (%s): again in %.1fs", socket_path, exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, backoff_max_s)
+                delay = backoff.next()
+                log.info("the daemon's socket %s is not there yet (%s): again in %.1fs", socket_path, exc, delay)
+                await asyncio.sleep(delay)
                 continue
-            backoff = BACKOFF_START_S
+            backoff.reset()
             log.info("connected to the daemon at %s", socket_path)
             try:
-                if await _session(reader, writer, devices, pod, prober):
+                if await _session(reader, writer, wire.Hello(pod, dict(devices)), runner):
                     return 0
             except (ConnectionError, ValueError, asyncio.LimitOverrunError) as exc:
                 log.warning("the connection to the daemon failed: %s", exc)
@@ -58,44 +57,36 @@ async def serve(
                     writer.close()
             log.info("the daemon went away: reconnecting")
     finally:
-        await prober.close()
+        await runner.close()
 
 
 async def _session(
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    devices: Mapping[str, str],
-    pod: str,
-    prober: Probes,
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hello: wire.Hello, runner: Runner
 ) -> bool:
     """One connection; True when the daemon said restart."""
-    _send(writer, {"hello": {"pod": pod, "devices": dict(devices)}})
+    writer.write(wire.encode(hello))
     await writer.drain()
     while line := await reader.readline():
-        message = json.loads(line)
-        if not isinstance(message, dict) or message.get("v") != VERSION:
-            log.warning("the daemon sent a message of another version: ignored")
+        try:
+            message = wire.decode(line)
+        except wire.WireError as exc:
+            log.warning("the daemon sent what is not a message of this protocol (%s): ignored", exc)
             continue
-        if message.get("restart"):
+        if isinstance(message, wire.Restart):
             log.info("the daemon says the device is stale: exiting to be restarted")
             return True
-        request = message.get("probe")
-        if not isinstance(request, dict):
+        if not isinstance(message, wire.ProbeRequest):
+            log.warning("the daemon sent a %s, which only a prober sends: ignored", type(message).__name__)
             continue
-        resource = str(request.get("resource"))
-        path = devices.get(resource)
+        path = hello.devices.get(message.resource)
         if path is None:
-            log.warning("asked to probe %s, which this prober was not given", resource)
+            log.warning("asked to probe %s, which this prober was not given", message.resource)
             continue
-        result = await prober.probe(path, float(request.get("timeout_s", 5)))
-        _send(writer, {"report": {"resource": resource, "result": result.to_json()}})
+        result = await runner.probe(path, message.timeout_s)
+        writer.write(wire.encode(wire.Report(message.resource, result)))
         await writer.drain()
-        log.info("probed %s (%s): %s: %s", resource, path, result.reason, result.message)
+        log.info("probed %s (%s): %s: %s", message.resource, path, result.reason, result.message)
     return False
-
-
-def _send(writer: asyncio.StreamWriter, body: dict[str, Any]) -> None:
-    writer.write(json.dumps({"v": VERSION, **body}, separators=(",", ":")).encode() + b"\n")
 
 
 def parse_devices(given: list[str]) -> dict[str, str]:

@@ -1,0 +1,150 @@
+"""The placement commands on recorded profiles (the probe of a real device is in
+tests/kvm/test_restore_placement.py): restore-profile builds what check-config takes and
+restorable judges; a bad profile, template or name exits 2 with one line naming it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ate_devplugin.cli import main
+from ate_devplugin.cpu.profile import CpuProfile, Tsc
+from tests.unit.cpu.samples import ICELAKE, PVM, SKYLAKE, hardware
+
+
+def record(tmp_path: Path, name: str, profile: CpuProfile) -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(profile.to_json()))
+    return str(path)
+
+
+def config_with(tmp_path: Path, built: str, extra: str = "") -> Path:
+    """A config whose KVM resource has the profiles printed by restore-profile (and ``extra``)."""
+    profiles = yaml.safe_load(built) | (yaml.safe_load(extra) if extra else {})
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"resources": [{"name": "ate.dev/kvm", "devices": ["/dev/kvm"],
+                                                   "restore_profiles": profiles}]}, sort_keys=False))  # fmt: skip
+    return path
+
+
+def test_a_profile_of_one_recorded_node_is_restorable_there_and_not_elsewhere(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    here = record(tmp_path, "pvm.json", PVM)
+    assert main(["restore-profile", "--name", "here", here]) == 0
+    built = capsys.readouterr().out
+    assert built.startswith("# restore_here: built by ate-devplugin restore-profile of 1 recorded profile\n")
+    assert yaml.safe_load(built)["here"]["tsc"] == {"khz": 2599998, "tolerance_ppm": 250, "scaling": "accept"}
+    config = config_with(tmp_path, built, "{avx512: {features: [avx512f, cx16]}}")
+    assert main(["check-config", str(config)]) == 0
+    capsys.readouterr()
+    assert main(["restorable", "--config", str(config), "--profile", here]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        "ate.dev/kvm avx512: not restorable: 1 feature missing: avx512f",
+        "ate.dev/kvm here: restorable",
+    ]
+    sky = record(tmp_path, "sky.json", hardware(SKYLAKE))
+    assert main(["restorable", "--config", str(config), "--profile", sky]) == 1
+    out = capsys.readouterr().out
+    assert "ate.dev/kvm here: not restorable: KVM here is vmx, not pvm; 48 features missing: 3dnowprefetch arat" in out
+
+
+def test_a_pools_baseline_and_a_template_that_asks_what_a_node_lacks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sky = record(tmp_path, "sky.json", hardware(SKYLAKE))
+    ice = record(tmp_path, "ice.json", hardware(ICELAKE, khz=2_900_000))
+    assert main(["restore-profile", "--name", "pool", sky, ice]) == 0
+    captured = capsys.readouterr()
+    pool = yaml.safe_load(captured.out)["pool"]
+    assert (pool["vendor"], pool["kvm_implementations"], pool["tsc"]) == (
+        "GenuineIntel", ["vmx"], {"tolerance_ppm": 250, "scaling": "require"}
+    )  # fmt: skip
+    assert set(pool["features"]) == hardware(SKYLAKE).features
+    assert "of the baseline of 2 recorded profiles" in captured.out
+    assert captured.err == ""
+    template = tmp_path / "template.json"
+    template.write_text(json.dumps({"cpuid_modifiers": [
+        {"leaf": "0x7", "subleaf": "0x0", "flags": 1, "modifiers": [
+            {"register": "ebx", "bitmap": "0bxxxxxxxxxxxxxxx1xxxxxxxxxx0xxxxx"}]},  # avx512f set, avx2 cleared
+        {"leaf": "0x1", "subleaf": "0x0", "flags": 0, "modifiers": [{"register": "eax", "bitmap": "0b1"}]},
+    ]}))  # fmt: skip
+    assert main(["restore-profile", "--name", "t", "--cpu-template", str(template), sky, ice]) == 0
+    captured = capsys.readouterr()
+    features = yaml.safe_load(captured.out)["t"]["features"]
+    assert "avx512f" in features
+    assert "avx2" not in features
+    assert f"# narrowed by {template} (not features, left out: 0x1.0.eax)" in captured.out
+    assert captured.err == f"ate-devplugin: warning: {sky}: t: not restorable: 1 feature missing: avx512f\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--name", "restore-q3", "{sky}"], "--name: must be 1-24 characters of a-z, 0-9 and '_'"),
+        (["--name", "q3", "--tolerance-ppm", "-1", "{sky}"], "--tolerance-ppm: must be from 0 to 1000000 (got -1)"),
+        (["--name", "q3", "{sky}", "{amd}"], "restore-profile: the vendors differ (GenuineIntel ({sky}), AuthenticAMD"),
+        (["--name", "q3", "{fixed}", "{ice}"], "restore-profile: the TSC frequencies differ by more than 250 ppm"),
+        (["--name", "q3", "{v2}"], "{v2}: version: 2: this ate-devplugin reads version 1"),
+        (["--name", "q3", "{text}"], "{text}: not JSON: Expecting value"),
+        (["--name", "q3", "{tmp}/absent.json"], "{tmp}/absent.json: cannot read: No such file or directory"),
+        (["--name", "q3", "--cpu-template", "{msr}", "{sky}"], "{msr}.msr_modifiers: MSR modifiers are not supported"),
+    ],
+)
+def test_no_profile_exits_2_with_one_line_naming_the_file_and_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], line: str
+) -> None:
+    files = {
+        "sky": record(tmp_path, "sky.json", hardware(SKYLAKE)),
+        "ice": record(tmp_path, "ice.json", hardware(ICELAKE, khz=2_900_000)),
+        "amd": record(tmp_path, "amd.json", hardware(SKYLAKE, "AuthenticAMD")),
+        "fixed": record(tmp_path, "fixed.json", hardware(SKYLAKE, scaling=False)),
+        "v2": str(tmp_path / "v2.json"),
+        "text": str(tmp_path / "text.json"),
+        "msr": str(tmp_path / "msr.json"),
+        "tmp": str(tmp_path),
+    }
+    Path(files["v2"]).write_text(json.dumps({**PVM.to_json(), "version": 2}))
+    Path(files["text"]).write_text("not json")
+    Path(files["msr"]).write_text(json.dumps({"msr_modifiers": [{"addr": "0x10a", "bitmap": "0b0"}]}))
+    assert main(["restore-profile", *(a.format(**files) for a in args)]) == 2
+    captured = capsys.readouterr()
+    (said,) = captured.err.splitlines()
+    assert said.startswith("ate-devplugin: config error: ")
+    assert line.format(**files) in said
+    assert captured.out == ""
+
+
+def test_restorable_without_profiles_or_with_a_bad_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("resources: [{name: ate.dev/kvm, devices: [/dev/kvm]}]\n")
+    assert main(["restorable", "--config", str(plain)]) == 0  # nothing to judge: no probe either
+    assert capsys.readouterr().out == f"{plain}: no restore profiles\n"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("resources: [{name: ate.dev/kvm, devices: [/dev/kvm], restore_profiles: {q-3: {}}}]\n")
+    assert main(["restorable", "--config", str(bad)]) == 2
+    (said,) = capsys.readouterr().err.splitlines()
+    assert said.startswith("ate-devplugin: config error: resources[0].restore_profiles.q-3: must be 1-24 characters")
+
+
+def test_a_node_whose_probe_fails_has_no_profile(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cpu-profile", "--device", "/dev/null", "--timeout", "5"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("ate-devplugin: cpu-profile: FAIL not-a-kvm-device: /dev/null: character device 1:3")
+    assert main(["cpu-profile", "--timeout", "0"]) == 2
+    assert "cpu-profile --timeout: '0' is not a number of seconds" in capsys.readouterr().err
+
+
+def test_a_recorded_profile_without_a_tsc_frequency_builds_without_a_tsc_rule_only_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old = record(tmp_path, "old.json", replace(PVM, tsc=Tsc()))
+    assert main(["restore-profile", "--name", "old", old]) == 2
+    assert "no TSC frequency recorded (leave the TSC rule out to go on)" in capsys.readouterr().err
+    assert main(["restore-profile", "--name", "old", "--no-tsc", old]) == 0
+    assert "tsc" not in yaml.safe_load(capsys.readouterr().out)["old"]
