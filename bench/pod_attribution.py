@@ -281,18 +281,7 @@ class Bench:
     def paced(self, count: int, pace_s: float) -> dict[str, Any]:
         lists_before = self._lists()
         windows = self._rounds(list(self.envs), self.admit, count, pace_s)
-        out: dict[str, Any] = {
-            key: {
-                "admissions": count,
-                "pace_s": pace_s,
-                "cpu_ms_per_admission": round(w.cpu_s * 1000 / count, 4),
-                "switches_per_admission": round(w.switches / count, 2),
-            }
-            for key, w in windows.items()
-        }
-        for key, lists in self._lists().items():
-            out[key]["lists_per_admission"] = round((lists - lists_before[key]) / count, 4)
-        return out
+        return self._per(windows, "admission", count, lists_before, admissions=count, pace_s=pace_s)
 
     def rewrites(self, count: int, pace_s: float) -> dict[str, Any]:
         """The kubelet's checkpoint rewritten with no admission (by this process, as the
@@ -301,17 +290,22 @@ class Bench:
         lists_before = self._lists()
         ours = [key for key in (ON, OFF, BASE) if key in self.envs]
         windows = self._rounds(ours, lambda key: _rewrite_checkpoint(self.envs[key]), count, pace_s)
+        return self._per(windows, "rewrite", count, lists_before, rewrites=count, pace_s=pace_s)
+
+    def _per(
+        self, windows: dict[str, Window], what: str, count: int, lists_before: dict[str, float], **given: float
+    ) -> dict[str, Any]:
+        """Each peer's CPU and wake-ups per ``what`` (``count`` of them), and the Lists of those that list."""
         out: dict[str, Any] = {
             key: {
-                "rewrites": count,
-                "pace_s": pace_s,
-                "cpu_ms_per_rewrite": round(w.cpu_s * 1000 / count, 4),
-                "switches_per_rewrite": round(w.switches / count, 2),
+                **given,
+                f"cpu_ms_per_{what}": round(w.cpu_s * 1000 / count, 4),
+                f"switches_per_{what}": round(w.switches / count, 2),
             }
             for key, w in windows.items()
         }
         for key, lists in self._lists().items():
-            out[key]["lists_per_rewrite"] = round((lists - lists_before[key]) / count, 4)
+            out[key][f"lists_per_{what}"] = round((lists - lists_before[key]) / count, 4)
         return out
 
     def _rounds(self, keys: list[str], act: Callable[[str], object], count: int, pace_s: float) -> dict[str, Window]:

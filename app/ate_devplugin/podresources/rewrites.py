@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import errno
 import logging
 import os
 from collections.abc import Callable
 
-from watchdog.observers.inotify_c import InotifyConstants, inotify_add_watch, inotify_init
+from watchdog.observers.inotify_c import InotifyConstants, inotify_add_watch
 
+from ate_devplugin.host.watcher import open_inotify
 from ate_devplugin.observability.logs import SaidOnce
 
 log = logging.getLogger(__name__)
@@ -41,15 +41,9 @@ class Rewrites:
         self._failures = SaidOnce()
 
     def start(self) -> None:
-        fd = inotify_init()
-        if fd < 0:
-            code = ctypes.get_errno() or errno.EMFILE
-            raise OSError(code, f"cannot start inotify: {os.strerror(code)}")
-        os.set_blocking(fd, False)
-        os.set_inheritable(fd, False)
-        self._fd = fd
+        self._fd = open_inotify()
         self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(fd, self._read)
+        self._loop.add_reader(self._fd, self._read)
 
     def arm(self) -> None:
         """Watch for the next rename (again: one watch per directory, the mask replaced).
