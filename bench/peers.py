@@ -169,6 +169,8 @@ class OurDaemon(Plugin, DeviceNodes):
         work: Path,
         *,
         otlp_endpoint: str | None = None,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(ns, resources, units, work)
         self.make_nodes(self.resources, work)
@@ -180,11 +182,12 @@ class OurDaemon(Plugin, DeviceNodes):
             work / "daemon",
             ns=ns,
             config="resources:\n" + "".join(entries),
-            args=["--log-level", "info"],
+            args=["--log-level", "info", *args],
         )
         # Tracing only when asked: never inherit an endpoint from the caller's environment.
         for var in [v for v in self.daemon.env if v.startswith("OTEL_")]:
             del self.daemon.env[var]
+        self.daemon.env.update(env or {})
         if otlp_endpoint:
             self.daemon.env["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp_endpoint
             self.daemon.env["OTEL_SERVICE_NAME"] = "ate-devplugin-bench"
@@ -412,7 +415,11 @@ class BarePeer:
 
 
 class Env:
-    """A fresh namespace, a kubelet bench (manager started) and one peer in it."""
+    """A fresh namespace, a kubelet bench (manager started) and one peer in it.
+
+    ``pod_resources``: the kubelet bench serves its PodResources API too (1.35+);
+    ``daemon_args``, ``daemon_env``: more arguments and variables for ours (a ``PYTHONPATH``
+    runs another checkout's daemon)."""
 
     def __init__(
         self,
@@ -423,6 +430,9 @@ class Env:
         units: int = UNITS,
         otlp_endpoint: str | None = None,
         work_root: Path | None = None,
+        pod_resources: bool = False,
+        daemon_args: Sequence[str] = (),
+        daemon_env: Mapping[str, str] | None = None,
     ) -> None:
         self.peer_key = peer
         self.version = version
@@ -433,14 +443,29 @@ class Env:
         self._resources = resources
         self._units = units
         self._otlp = otlp_endpoint
+        self._pod_resources = pod_resources
+        self._daemon_args = tuple(daemon_args)
+        self._daemon_env = dict(daemon_env or {})
 
     def open(self, *, start_plugin: bool = True) -> Self:
         self.ns.open()
-        self.kubelet = KubeletBench(self.ns, self.version, verbosity=0, log_dir=self.work / "logs")
+        self.kubelet = KubeletBench(
+            self.ns, self.version, verbosity=0, log_dir=self.work / "logs", pod_resources=self._pod_resources
+        )
         self.kubelet.start()
         ours_domain = self.peer_key in ("ours", GDP, BARE_PLUGIN, BARE_SYNC_PLUGIN)
         names = resource_names("ate.dev" if ours_domain else "example.com", self._resources)
-        self.plugin = make_plugin(self.peer_key, self.ns, names, self._units, self.work, self.version, self._otlp)
+        self.plugin = make_plugin(
+            self.peer_key,
+            self.ns,
+            names,
+            self._units,
+            self.work,
+            self.version,
+            self._otlp,
+            self._daemon_args,
+            self._daemon_env,
+        )
         if start_plugin:
             self.plugin.start()
             self.wait_full()
@@ -487,9 +512,11 @@ def make_plugin(
     work: Path,
     version: str,
     otlp_endpoint: str | None = None,
+    daemon_args: Sequence[str] = (),
+    daemon_env: Mapping[str, str] | None = None,
 ) -> Plugin:
     if key == "ours":
-        return OurDaemon(ns, resources, units, work, otlp_endpoint=otlp_endpoint)
+        return OurDaemon(ns, resources, units, work, otlp_endpoint=otlp_endpoint, args=daemon_args, env=daemon_env)
     if key == "go-stub":
         return GoStub(ns, resources, units, work, version=version)
     if key == "go-stub-pref":

@@ -21,6 +21,9 @@ The path names a value of a result file in ``bench/results``:
   (``python -m bench.dra_faults``);
 - ``kvm-probe:per_probe.reuse.cpu_ms_per_probe``: the newest ``*-kvm-probe.json``
   (``python -m bench.kvm_probe``);
+- ``pod-attribution:sizes.250.ratios.burst_on_over_off``: the newest
+  ``*-pod-attribution.json`` (``python -m bench.pod_attribution``);
+  ``pod-attribution@20261205T005408Z:...``: the kept one of that start time (a baseline);
 - ``demo-cold:total_s``: the newest ``*-demo-cold.json`` (``python -m bench.demo_cold``);
 - ``PATH/PEER``: the value divided by the same value of another peer (``PATH`` is
   ``FIGURE.PEER.KEY...``), two decimals.
@@ -59,6 +62,8 @@ UNITS = (
     ("switches_per_min", "/min"),
     ("cpu_s_per_min", " CPU s/min"),
     ("cpu_ms_per_admission", " ms"),
+    ("cpu_ms_per_rewrite", " ms"),
+    ("cpu_ms_per_s", " ms/s"),
     ("millicores", " millicores"),
     ("_ms", " ms"),
     ("_mib", " MiB"),
@@ -83,7 +88,8 @@ def quoted_files() -> list[Path]:
 @dataclass(frozen=True)
 class Runs:
     """The result files quotes read: the newest full run, the one before, PodResources
-    idle, the library choice, DRA faults, the KVM probe, make demo from cold."""
+    idle, the library choice, DRA faults, the KVM probe, make demo from cold, pod
+    attribution."""
 
     latest: dict[str, Any]
     latest_path: Path
@@ -93,6 +99,8 @@ class Runs:
     dra_faults: dict[str, Any] | None = None
     kvm_probe: dict[str, Any] | None = None
     demo_cold: dict[str, Any] | None = None
+    pod_attribution: dict[str, Any] | None = None
+    attribution_kept: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # by start time
     kept: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # every full run, by start time
 
     @classmethod
@@ -105,6 +113,7 @@ class Runs:
         faults = sorted(results.glob("*-dra-faults.json"))
         probes = sorted(results.glob("*-kvm-probe.json"))
         demo = sorted(results.glob("*-demo-cold.json"))
+        attribution = sorted(results.glob("*-pod-attribution.json"))
         kept = {p.name.removesuffix("-full.json"): _read(p) for p in full}
         return cls(
             latest=kept[full[-1].name.removesuffix("-full.json")],
@@ -115,6 +124,8 @@ class Runs:
             dra_faults=_read(faults[-1]) if faults else None,
             kvm_probe=_read(probes[-1]) if probes else None,
             demo_cold=_read(demo[-1]) if demo else None,
+            pod_attribution=_read(attribution[-1]) if attribution else None,
+            attribution_kept={p.name.removesuffix("-pod-attribution.json"): _read(p) for p in attribution},
             kept=kept,
         )
 
@@ -163,10 +174,13 @@ def value(runs: Runs, path: str) -> str:
         "dra-faults": runs.dra_faults,
         "kvm-probe": runs.kvm_probe,
         "demo-cold": runs.demo_cold,
+        "pod-attribution": runs.pod_attribution,
     }
     source, sep, rest = path.partition(":")
     if source.startswith("full@"):
         sources[source] = runs.kept.get(source.removeprefix("full@"))
+    elif source.startswith("pod-attribution@"):
+        sources[source] = runs.attribution_kept.get(source.removeprefix("pod-attribution@"))
     elif not sep or source not in sources:  # a key may hold a colon: loadavg.cold_start:before.0
         source, rest = "", path
     data = sources[source] if source else runs.latest

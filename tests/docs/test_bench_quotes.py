@@ -43,6 +43,11 @@ RUNS = quotes.Runs(
     podresources_idle={"summary": {"list_cpu_ms": [2.4, 2.61], "rounds": 3}},
     library_choice={"candidates": {"click": {"import_ms": 33.81, "rss_mib": 13.7}}},
     kept={"20251201T000000Z": {"figures": {"idle": {"ours": {"rss_mib": 52.0}}}}},
+    pod_attribution={
+        "sizes": {"250": {"ratios": {"burst_on_over_off": 1.1084}}},
+        "idle": {"on": {"cpu_ms_per_s": 0.59}},
+    },
+    attribution_kept={"20251201T000000Z": {"sizes": {"250": {"rewrites": {"on": {"cpu_ms_per_rewrite": 0.4438}}}}}},
 )
 
 
@@ -63,6 +68,9 @@ RUNS = quotes.Runs(
         ("podresources-idle:summary.rounds", "3"),
         ("library-choice:candidates.click.import_ms", "33.8 ms"),
         ("library-choice:candidates.click.rss_mib", "13.7 MiB"),
+        ("pod-attribution:sizes.250.ratios.burst_on_over_off", "1.11"),  # a size is a key, not an index
+        ("pod-attribution:idle.on.cpu_ms_per_s", "0.590 ms/s"),
+        ("pod-attribution@20251201T000000Z:sizes.250.rewrites.on.cpu_ms_per_rewrite", "0.444 ms"),
     ],
 )
 def test_a_quote_reads_its_value(path: str, text: str) -> None:
@@ -103,3 +111,5 @@ def test_a_quote_of_a_missing_result_file_fails() -> None:
         quotes.value(runs, "previous:idle.ours.rss_mib")
     with pytest.raises(quotes.QuoteError, match="no result file for 'full@20240101T000000Z'"):
         quotes.value(RUNS, "full@20240101T000000Z:idle.ours.rss_mib")
+    with pytest.raises(quotes.QuoteError, match="no result file for 'pod-attribution@20240101T000000Z'"):
+        quotes.value(RUNS, "pod-attribution@20240101T000000Z:idle.on.cpu_ms_per_s")

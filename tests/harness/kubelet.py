@@ -56,6 +56,7 @@ __all__ = [
     "KNOWN_VERSIONS",
     "KUBELET_SOCKET",
     "PLUGIN_DIR",
+    "POD_RESOURCES_SOCKET",
     "BenchError",
     "Capacity",
     "ContainerAllocation",
@@ -78,6 +79,9 @@ __all__ = [
 PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 KUBELET_SOCKET = f"{PLUGIN_DIR}/kubelet.sock"
 CHECKPOINT_FILE = "kubelet_internal_checkpoint"
+#: Where the bench serves the kubelet's PodResources API when asked: where our daemon
+#: looks by default (beside the plugin directory).
+POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 #: Kubernetes releases the bench is pinned to (tests/kubelet_bench/go1NN.mod): the oldest
 #: supported (chart/Chart.yaml kubeVersion), the one the e2e cluster runs, and the newest.
@@ -457,6 +461,8 @@ class KubeletBench:
 
     ``version`` is a release from :func:`built_versions` (default: the newest built).
     stderr (klog, at ``-v=verbosity``) goes to :attr:`log_path`; :meth:`log_text` reads it.
+    With ``pod_resources`` (1.35+) it also serves the kubelet's PodResources API at
+    :data:`POD_RESOURCES_SOCKET`, over its active pods and the units allocated to them.
     """
 
     def __init__(
@@ -467,6 +473,7 @@ class KubeletBench:
         verbosity: int = 2,
         log_dir: str | os.PathLike[str] | None = None,
         request_timeout: float = 30.0,
+        pod_resources: bool = False,
     ) -> None:
         if version is None:
             built = built_versions()
@@ -480,6 +487,7 @@ class KubeletBench:
             raise FileNotFoundError(f"{self.binary} missing; run tools/build-kubelet-bench.sh {version}")
         self.verbosity = verbosity
         self.request_timeout = request_timeout
+        self.pod_resources = pod_resources
         self._log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="kubelet-bench-"))
         self._log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self._log_dir / f"kubelet-bench-{version}.log"
@@ -509,8 +517,11 @@ class KubeletBench:
         with self.log_path.open("ab") as log:
             log.write(f"=== kubelet-bench {self.version} process #{self._incarnation} ===\n".encode())
             log.flush()
+            argv: list[str | os.PathLike[str]] = [self.binary, "bench", f"-v={self.verbosity}"]
+            if self.pod_resources:
+                argv.append(f"--pod-resources-socket={POD_RESOURCES_SOCKET}")
             proc: subprocess.Popen[bytes] = self.ns.spawn(
-                [self.binary, "bench", f"-v={self.verbosity}"],
+                argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,

@@ -77,11 +77,11 @@ type runningContainer struct {
 type bench struct {
 	logger klog.Logger
 
-	mu           sync.Mutex // guards pods and sourcesReady (read by manager callbacks)
+	mu           sync.Mutex // guards pods, sourcesReady and mgr (read by manager callbacks and the PodResources server)
 	pods         map[string]*v1.Pod
 	sourcesReady bool
 
-	mgr     *devicemanager.ManagerImpl
+	mgr     *devicemanager.ManagerImpl // written only by the request loop, under mu
 	running bool
 	removed sets.Set[string] // resources GetCapacity reported removed, not yet returned by "capacity"
 }
@@ -106,8 +106,16 @@ func (b *bench) activePods() []*v1.Pod {
 	return out
 }
 
+// current is the manager of the last start, for other goroutines (nil before one).
+func (b *bench) current() *devicemanager.ManagerImpl {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.mgr
+}
+
 func runBench(args []string) int {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	podResources := fs.String("pod-resources-socket", "", "serve the kubelet's PodResources API (v1) on this socket (1.35+)")
 	addKlogFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -122,6 +130,14 @@ func runBench(args []string) int {
 		pods:         map[string]*v1.Pod{},
 		sourcesReady: true,
 		removed:      sets.New[string](),
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if *podResources != "" {
+		if err := b.servePodResources(ctx, *podResources); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			return 1
+		}
 	}
 
 	serveLines(b.logger, b.handle, func() { b.stopManager() })
@@ -318,7 +334,9 @@ func (b *bench) cmdStart(line []byte, resp map[string]any) error {
 	if err := startManager(b.logger, mgr, b.activePods, sourcesReadyFlag{b}, cmap, runningSet); err != nil {
 		return fmt.Errorf("Start: %w", err)
 	}
+	b.mu.Lock()
 	b.mgr = mgr
+	b.mu.Unlock()
 	b.running = true
 	b.removed = sets.New[string]()
 	resp["socket"] = pluginapi.KubeletSocket

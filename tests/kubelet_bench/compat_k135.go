@@ -44,7 +44,8 @@ func draGetNode(get func(context.Context) (*v1.Node, error)) dra.GetNodeFunc {
 }
 
 // The PodResources providers' 1.35 signatures (podresources.go): nothing held by
-// a device plugin, CPU or memory manager on the DRA side.
+// a device plugin, CPU or memory manager on the DRA side, by claims on the
+// device manager side.
 type noneHeld struct{}
 
 func (noneHeld) UpdateAllocatedDevices()                                       {}
@@ -54,6 +55,14 @@ func (noneHeld) GetCPUs(string, string) []int64                                {
 func (noneHeld) GetAllocatableCPUs() []int64                                   { return nil }
 func (noneHeld) GetMemory(string, string) []*podresourcesapi.ContainerMemory   { return nil }
 func (noneHeld) GetAllocatableMemory() []*podresourcesapi.ContainerMemory      { return nil }
+func (noneHeld) GetDynamicResources(*v1.Pod, *v1.Container) []*podresourcesapi.DynamicResource {
+	return nil
+}
+
+func (d devicesHeld) UpdateAllocatedDevices() { d.update(d.b.logger) }
+func (d devicesHeld) GetAllocatableDevices() []*podresourcesapi.ContainerDevices {
+	return d.allocatable(d.b.logger)
+}
 
 func (c claimsHeld) GetDynamicResources(pod *v1.Pod, container *v1.Container) []*podresourcesapi.DynamicResource {
 	return c.dynamicResources(c.b.logger, pod, container)

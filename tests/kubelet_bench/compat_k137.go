@@ -46,7 +46,8 @@ func draGetNode(get func(context.Context) (*v1.Node, error)) dra.GetNodeFunc {
 }
 
 // The PodResources providers' 1.37 signatures (podresources.go): nothing held by
-// a device plugin, CPU or memory manager on the DRA side.
+// a device plugin, CPU or memory manager on the DRA side, by claims on the
+// device manager side.
 type noneHeld struct{}
 
 func (noneHeld) UpdateAllocatedDevices(klog.Logger)                                    {}
@@ -60,6 +61,14 @@ func (noneHeld) GetMemory(klog.Logger, *v1.Pod, *v1.Container) []*podresourcesap
 }
 func (noneHeld) GetPodMemory(klog.Logger, string) []*podresourcesapi.ContainerMemory { return nil }
 func (noneHeld) GetAllocatableMemory(klog.Logger) []*podresourcesapi.ContainerMemory { return nil }
+func (noneHeld) GetDynamicResources(klog.Logger, *v1.Pod, *v1.Container) []*podresourcesapi.DynamicResource {
+	return nil
+}
+
+func (d devicesHeld) UpdateAllocatedDevices(logger klog.Logger) { d.update(logger) }
+func (d devicesHeld) GetAllocatableDevices(logger klog.Logger) []*podresourcesapi.ContainerDevices {
+	return d.allocatable(logger)
+}
 
 func (c claimsHeld) GetDynamicResources(logger klog.Logger, pod *v1.Pod, container *v1.Container) []*podresourcesapi.DynamicResource {
 	return c.dynamicResources(logger, pod, container)

@@ -352,7 +352,8 @@ async def pods(tmp_path: Path) -> AsyncIterator[Pods]:
     lister = FakeLister()
     lister.pods = [pod("vm", "worker", ("vmm", KVM, 1))]
     server = await serve(tmp_path / "pod-resources/kubelet.sock", lister)
-    setup = Setup(tmp_path, flags={"pod_resources": "on", "pod_resources_interval": "0"}, pod_resources_debounce_s=0.0)
+    flags = {"pod_resources": "on", "pod_resources_interval": "0"}
+    setup = Setup(tmp_path, flags=flags, pod_resources_debounce_s=0.0, pod_resources_gap_s=0.0)
     try:
         yield Pods(tmp_path, setup, lister, server)
     finally:
@@ -367,9 +368,12 @@ async def test_the_checkpoint_written_lists_again(pods: Pods) -> None:
     s = pods.s
     task = await running(s)
     await until(lambda: units(s, "worker") == 1, "the first List")
+    discovered = s.daemon.found
     pods.lister.pods.append(pod("vm", "new", ("vmm", KVM, 1)))
     pods.write_checkpoint()
     await until(lambda: units(s, "new") == 1, "a List after the checkpoint was written")
+    # Heard by the PodResources watch alone: no batch for the daemon, no discovery.
+    assert s.daemon.found is discovered
     s.daemon.request_stop("SIGTERM")
     await asyncio.wait_for(task, 5)
 

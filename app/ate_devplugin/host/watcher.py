@@ -204,14 +204,8 @@ class Watcher:
         self._paths: dict[int, tuple[str, bool]] = {}  # wd -> path, is a directory
 
     def start(self) -> None:
-        fd = inotify_init()
-        if fd < 0:
-            code = ctypes.get_errno() or errno.EMFILE
-            raise OSError(code, f"cannot start inotify: {os.strerror(code)}")
-        os.set_blocking(fd, False)
-        os.set_inheritable(fd, False)
-        self._fd = fd
-        self._loop.add_reader(fd, self._read)
+        self._fd = open_inotify()
+        self._loop.add_reader(self._fd, self._read)
 
     def watch(self, watches: Watches) -> None:
         """Watches what ``watches`` says from now on. A socket watched under a new identity
@@ -331,6 +325,17 @@ class Watcher:
                 event = FsEvent("created", entry.path, "", entry.is_dir(follow_symlinks=False))
                 if matters(event, self._plan.named_dirs, self._plan.names):
                     self._put(event)
+
+
+def open_inotify() -> int:
+    """A new inotify descriptor, non-blocking, not inherited; raises OSError."""
+    fd = inotify_init()
+    if fd < 0:
+        code = ctypes.get_errno() or errno.EMFILE
+        raise OSError(code, f"cannot start inotify: {os.strerror(code)}")
+    os.set_blocking(fd, False)
+    os.set_inheritable(fd, False)
+    return fd
 
 
 def _identity(path: str) -> Identity | None:

@@ -10,6 +10,10 @@ per device ID of the resource's name) and a DRA claim's (``dynamic_resources``: 
 per device of a claim that our driver prepared, mapped to its resource by the device's
 name). The kubelet lists each claim resource's CDI devices after those of the claim's
 devices before it, so the device name, not the CDI name, says which resource it is.
+
+Every List answers every pod of the node, and between two Lists few of them changed: a
+:class:`Reader` remembers what each pod's entry of the last answer held, by its bytes, and
+walks only the entries it has not seen (within a bound of memory).
 """
 
 from __future__ import annotations
@@ -29,8 +33,15 @@ MAX_NAMESPACE_CHARS = 63
 MAX_POD_CHARS = 253
 MAX_CONTAINER_CHARS = 63
 
+# Pod entries of the last answer remembered by a Reader, and their bytes, at most: the
+# entries of a node's few hundred pods, whatever an answer holds.
+REMEMBERED = MAX_HELD
+REMEMBERED_BYTES = 1024 * 1024
+
 # (resource name, namespace, pod, container)
 Key = tuple[str, str, str, str]
+# What one container of a pod holds: (namespace, pod, container, ((resource, units), ...))
+Row = tuple[str, str, str, tuple[tuple[str, int], ...]]
 
 
 class DecodeError(Exception):
@@ -74,33 +85,72 @@ _DRIVER, _DEVICE_NAME = (_number(pb.ClaimResource, n) for n in ("driver_name", "
 def read_holdings(data: bytes, wanted: Wanted) -> Holdings:
     """Units of the wanted resources held, per container (pods holding none are left
     out), from an encoded answer; memory bounded by MAX_HELD. Raises DecodeError."""
-    resources = {r.encode(): r for r in wanted.resources}
-    driver = wanted.driver.encode()
-    devices = {d.encode(): r for d, r in wanted.devices.items()} if driver else {}
-    found = Holdings()
-    for _, pod_start, pod_end in _fields(data, 0, len(data), _POD):
-        name = namespace = b""
-        containers = []
-        for number, start, end in _fields(data, pod_start, pod_end, _POD_NAME, _POD_NAMESPACE, _CONTAINERS):
-            if number == _CONTAINERS:
-                containers.append((start, end))
-            elif number == _POD_NAME:
-                name = data[start:end]
-            else:
-                namespace = data[start:end]
-        for c_start, c_end in containers:
-            container, units = b"", dict[str, int]()
-            for number, start, end in _fields(data, c_start, c_end, _CONTAINER_NAME, _DEVICES, _CLAIMS):
-                if number == _CONTAINER_NAME:
-                    container = data[start:end]
-                elif number == _DEVICES:
-                    _count(units, *_plugin_units(data, start, end, resources))
-                elif devices:
-                    for resource in _claim_units(data, start, end, driver, devices):
-                        _count(units, resource, 1)
-            if units:
-                _add(found, _text(namespace), _text(name), _text(container), units)
-    return found
+    return Reader().read(data, wanted)
+
+
+class Reader:
+    """Reads answer after answer, each pod entry the last answer had (byte for byte) not
+    walked again. One answer at a time (the watch's worker thread reads them in turn)."""
+
+    def __init__(self) -> None:
+        self._wanted: Wanted | None = None
+        self._rows: dict[bytes, tuple[Row, ...]] = {}  # a pod entry of the last answer -> what it holds
+
+    def read(self, data: bytes, wanted: Wanted) -> Holdings:
+        """As :func:`read_holdings`."""
+        if wanted != self._wanted:
+            self._wanted, self._rows = wanted, {}
+        resources = {r.encode(): r for r in wanted.resources}
+        driver = wanted.driver.encode()
+        devices = {d.encode(): r for d, r in wanted.devices.items()} if driver else {}
+        last, rows, remembered = self._rows, dict[bytes, tuple[Row, ...]](), 0
+        found = Holdings()
+        for _, start, end in _fields(data, 0, len(data), _POD):
+            entry = data[start:end]
+            pod_rows = last.get(entry)
+            if pod_rows is None:
+                pod_rows = _pod_rows(data, start, end, resources, driver, devices)
+            if len(rows) < REMEMBERED and remembered + len(entry) <= REMEMBERED_BYTES and entry not in rows:
+                rows[entry] = pod_rows
+                remembered += len(entry)
+            for namespace, name, container, units in pod_rows:
+                _add(found, namespace, name, container, units)
+        self._rows = rows  # only once the whole answer was read: an undecodable one changes nothing
+        return found
+
+
+def _pod_rows(
+    data: bytes,
+    pod_start: int,
+    pod_end: int,
+    resources: Mapping[bytes, str],
+    driver: bytes,
+    devices: Mapping[bytes, str],
+) -> tuple[Row, ...]:
+    """What the containers of one pod entry hold (those holding none left out)."""
+    name = namespace = b""
+    containers = []
+    for number, start, end in _fields(data, pod_start, pod_end, _POD_NAME, _POD_NAMESPACE, _CONTAINERS):
+        if number == _CONTAINERS:
+            containers.append((start, end))
+        elif number == _POD_NAME:
+            name = data[start:end]
+        else:
+            namespace = data[start:end]
+    rows = []
+    for c_start, c_end in containers:
+        container, units = b"", dict[str, int]()
+        for number, start, end in _fields(data, c_start, c_end, _CONTAINER_NAME, _DEVICES, _CLAIMS):
+            if number == _CONTAINER_NAME:
+                container = data[start:end]
+            elif number == _DEVICES:
+                _count(units, *_plugin_units(data, start, end, resources))
+            elif devices:
+                for resource in _claim_units(data, start, end, driver, devices):
+                    _count(units, resource, 1)
+        if units:
+            rows.append((_text(namespace), _text(name), _text(container), tuple(units.items())))
+    return tuple(rows)
 
 
 def _plugin_units(data: bytes, start: int, end: int, resources: Mapping[bytes, str]) -> tuple[str, int]:
@@ -132,11 +182,11 @@ def _count(units: dict[str, int], resource: str, count: int) -> None:
         units[resource] = units.get(resource, 0) + count
 
 
-def _add(found: Holdings, namespace: str, pod: str, container: str, units: Mapping[str, int]) -> None:
+def _add(found: Holdings, namespace: str, pod: str, container: str, units: tuple[tuple[str, int], ...]) -> None:
     cut = (namespace[:MAX_NAMESPACE_CHARS], pod[:MAX_POD_CHARS], container[:MAX_CONTAINER_CHARS])
     if cut != (namespace, pod, container):
         found.truncated += 1
-    for resource, count in units.items():
+    for resource, count in units:
         key = (resource, *cut)
         if key in found.held:
             found.held[key] += count

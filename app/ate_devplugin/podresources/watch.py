@@ -2,13 +2,14 @@
 
 The API (v1: List, GetAllocatableResources, Get) has no watch, so the daemon lists again
 when something may have changed: the kubelet's device manager rewrote its checkpoint (it
-does after every allocation to a container and after every device list a plugin sends),
-our DRA driver answered a prepare or unprepare, one of our resources' devices came or went,
-or the PodResources socket was made anew. Freeing a deleted pod's units writes no
-checkpoint: the fallback interval bounds how long its series outlives it. Requests are
-coalesced: the first lists at once, those that come meanwhile make one more List after
-``debounce_s``. The first List follows the first discovery, so it knows which resources'
-devices are present, whatever order the components started in.
+does after every allocation to a container and after every device list a plugin sends;
+heard by ``rewrites``, once per List), our DRA driver answered a prepare or unprepare, one
+of our resources' devices came or went, or the PodResources socket was made anew. Freeing
+a deleted pod's units writes no checkpoint: the fallback interval bounds how long its
+series outlives it. Requests are coalesced: the first lists at once, those that come
+meanwhile make one more List ``gap_s`` after it. The first List follows the first
+discovery, so it knows which resources' devices are present, whatever order the
+components started in.
 
 Whether a resource's devices are present comes from the discoveries (every mode); when
 they go, the pods that held units are reported with the next List (a log line, and an
@@ -34,8 +35,9 @@ from ate_devplugin.host.watcher import FsEvent, Watches
 from ate_devplugin.observability.logs import SaidOnce
 from ate_devplugin.observability.metrics import PodResourcesMetrics
 from ate_devplugin.observability.tracing import rpc_span, set_rpc_status
-from ate_devplugin.podresources.answer import DecodeError, Holdings, Key, Wanted, read_holdings
+from ate_devplugin.podresources.answer import DecodeError, Holdings, Key, Reader, Wanted
 from ate_devplugin.podresources.lister import SERVICE, PodResourcesError, list_pods
+from ate_devplugin.podresources.rewrites import Rewrites
 from ate_devplugin.settings import PodResourcesSettings
 from ate_devplugin.tasks import Guard, Worker, WorkerBusyError, cancel
 
@@ -55,17 +57,11 @@ class DraDevices:
     devices: Callable[[], Mapping[str, str]]
 
 
-def asks_for_list(batch: Iterable[FsEvent], checkpoint: str | None, socket: str) -> bool:
-    """Whether a batch may have changed the pods holding units: the device manager's
-    checkpoint rewritten (a temporary file renamed over it, or written in place), or the
-    PodResources socket made anew (a kubelet restart)."""
-    for e in batch:
-        target = e.dest_path if e.kind == "moved" else e.path
-        if checkpoint and target == checkpoint and e.kind in ("moved", "created", "closed"):
-            return True
-        if e.kind in ("created", "moved") and target == socket:
-            return True
-    return False
+def asks_for_list(batch: Iterable[FsEvent], socket: str) -> bool:
+    """Whether a batch of the daemon's may have changed the pods holding units: the
+    PodResources socket made anew (a kubelet restart). The checkpoint's rewrites are
+    heard apart (``rewrites``)."""
+    return any(e.kind in ("created", "moved") and (e.dest_path or e.path) == socket for e in batch)
 
 
 def pods_of(held: Mapping[Key, int], resource: str) -> list[str]:
@@ -90,21 +86,25 @@ class PodResourcesWatch:
         """``cause_of`` gives the trace context of a resource's last device change (the
         device plugin's), ``dra`` our DRA driver's devices (None: no DRA driver)."""
         self.socket_path = settings.pod_resources_socket
-        self.checkpoint = settings.checkpoint
+        # The device manager's checkpoint, in the plugin directory (None: no device plugin).
+        checkpoint = settings.checkpoint
+        self._rewrites = Rewrites(os.path.dirname(checkpoint), self.refresh) if checkpoint else None
         self.metrics = metrics
         self.tracer = tracer
         self._cause_of = cause_of
         self._dra = dra
         self.interval_s = settings.pod_resources_interval
         self.debounce_s = settings.pod_resources_debounce_s
+        self.gap_s = settings.pod_resources_gap_s
         self.timeout_s = settings.pod_resources_timeout_s
         self.held: dict[Key, int] = {}
+        self._reader = Reader()  # used by the worker alone, one answer at a time
         self._worker = Worker("pod resources answer")
         self._names: frozenset[str] = frozenset()  # the configured resources
         self._present: dict[str, bool] = {}  # resource -> every device node present, as last discovered
         self._discovered = False
         self._listed = False  # a List has answered
-        self._exported: set[Key] = set()
+        self._exported: dict[Key, int] = {}  # the pod_units series, as last set
         self._published: set[str] = set()  # resources with per-resource series
         self._wanted = asyncio.Event()
         self._not_before = 0.0  # loop time before which no List starts
@@ -117,22 +117,23 @@ class PodResourcesWatch:
     async def start(self, resources: tuple[ResourceConfig, ...], guard: Guard) -> None:
         """The first List comes with the first discovery."""
         self._names = frozenset(r.name for r in resources)
+        if self._rewrites is not None:
+            self._rewrites.start()
         self.task = guard.spawn("pod_resources", self._run(), "pod resources")
 
     async def stop(self, deadline_s: float) -> list[str]:
-        return [] if await cancel(self.task, deadline_s) else ["pod resources"]
+        stopped = await cancel(self.task, deadline_s)
+        if self._rewrites is not None:
+            self._rewrites.stop()
+        return [] if stopped else ["pod resources"]
 
     def watches(self) -> Watches:
-        # The kubelet makes its PodResources socket anew when it restarts; the checkpoint
-        # is in the device plugin's directory, where nothing else concerns us.
+        # The kubelet makes its PodResources socket anew when it restarts.
         pod_dir = os.path.dirname(self.socket_path)
-        return Watches(
-            dirs=frozenset({pod_dir} if os.path.isdir(pod_dir) else ()),
-            files=frozenset({self.checkpoint} if self.checkpoint else ()),
-        )
+        return Watches(dirs=frozenset({pod_dir} if os.path.isdir(pod_dir) else ()))
 
     def on_fs_events(self, batch: Sequence[FsEvent]) -> None:
-        if asks_for_list(batch, self.checkpoint, self.socket_path):
+        if asks_for_list(batch, self.socket_path):
             self.refresh()
 
     async def on_resources(self, resources: tuple[ResourceConfig, ...]) -> None:
@@ -180,8 +181,9 @@ class PodResourcesWatch:
                 # Whatever it was, the next List may go better; the device plugin goes on.
                 log.exception("listing pod resources failed")
                 self.metrics.requests.labels("error").inc()
-            # Everything asking meanwhile is served by one List after this.
-            await asyncio.sleep(self.debounce_s)
+            # Everything asking within gap_s is served by one List then; nothing asking,
+            # nothing wakes.
+            self._not_before = max(self._not_before, loop.time() + self.gap_s)
 
     async def _next_request(self) -> None:
         """Until asked, or until the fallback interval passed (0: only when asked)."""
@@ -193,6 +195,8 @@ class PodResourcesWatch:
 
     async def list_once(self) -> None:
         """One List; updates the series, and reports the devices lost since the last one."""
+        if self._rewrites is not None:
+            self._rewrites.arm()  # before the call: a rewrite it may miss asks for the next
         lost, self._lost = self._lost, []
         present = dict(self._present)
         parent = next((c for c in map(self._cause_of, lost) if c is not None), None)
@@ -229,7 +233,7 @@ class PodResourcesWatch:
     async def _read(self, data: bytes, wanted: Wanted) -> Holdings:
         """The answer read in a worker thread: the loop (and every Allocate) goes on meanwhile."""
         try:
-            return await self._worker.call(lambda: read_holdings(data, wanted), self.timeout_s)
+            return await self._worker.call(lambda: self._reader.read(data, wanted), self.timeout_s)
         except DecodeError as exc:
             raise PodResourcesError("error", f"List at {self.socket_path}: an undecodable answer: {exc}") from exc
         except (TimeoutError, WorkerBusyError) as exc:
@@ -240,11 +244,12 @@ class PodResourcesWatch:
     def _publish(self, present: Mapping[str, bool], found: Holdings) -> None:
         m = self.metrics
         keys = sorted(self.held)
-        kept = set(keys[:MAX_SERIES])
-        for key in self._exported - kept:
+        kept = {key: self.held[key] for key in keys[:MAX_SERIES]}
+        for key in self._exported.keys() - kept.keys():
             m.pod_units.remove(*key)
-        for key in kept:
-            m.pod_units.labels(*key).set(self.held[key])
+        for key, units in kept.items():
+            if self._exported.get(key) != units:  # only what changed since the last List
+                m.pod_units.labels(*key).set(units)
         self._exported = kept
         m.series_dropped.set(len(keys) - len(kept) + found.dropped)
         m.labels_truncated.set(found.truncated)
@@ -261,8 +266,11 @@ class PodResourcesWatch:
             m.pods_holding.remove(gone)
             m.pods_on_unhealthy_device.remove(gone)
         self._published = set(present)
+        holding: dict[str, set[tuple[str, str]]] = {}
+        for resource, namespace, pod, _ in self.held:
+            holding.setdefault(resource, set()).add((namespace, pod))
         for resource, ok in present.items():
-            pods = len(pods_of(self.held, resource))
+            pods = len(holding.get(resource, ()))
             m.pods_holding.labels(resource).set(pods)
             m.pods_on_unhealthy_device.labels(resource).set(0 if ok else pods)
 

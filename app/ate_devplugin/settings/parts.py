@@ -53,8 +53,12 @@ class Timing:
     # ... then the HTTP endpoint closed and spans flushed, side by side, within this long:
     # 4.5 s in all, within the 5 s docs/operations.md promises (the chart grants 10 s).
     close_s: float = 1.5
-    # PodResources: at most one List this often while events keep coming, each this long at most.
+    # PodResources: a List waits this long after the DRA driver's prepare or unprepare (the
+    # kubelet records the answer once it has it); at most one List this often while requests
+    # keep coming (a burst of admissions: each List costs about as much CPU as a few
+    # admissions, bench.pod_attribution); each List this long at most.
     pod_resources_debounce_s: float = 0.5
+    pod_resources_gap_s: float = 2.0
     pod_resources_timeout_s: float = 5.0
 
 
@@ -122,6 +126,7 @@ class PodResourcesSettings:
     pod_resources_socket: str
     pod_resources_interval: float
     pod_resources_debounce_s: float
+    pod_resources_gap_s: float
     pod_resources_timeout_s: float
     plugin_dir: str
     mode: str
@@ -245,6 +250,7 @@ def _pod_resources(v: Values, t: Timing) -> PodResourcesSettings:
         pod_resources_socket=v["pod_resources_socket"],
         pod_resources_interval=v["pod_resources_interval"],
         pod_resources_debounce_s=t.pod_resources_debounce_s,
+        pod_resources_gap_s=t.pod_resources_gap_s,
         pod_resources_timeout_s=t.pod_resources_timeout_s,
         plugin_dir=v["plugin_dir"],
         mode=v["mode"],

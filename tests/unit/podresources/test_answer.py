@@ -129,3 +129,94 @@ def test_names_are_cut_to_the_kubernetes_limits_and_entries_bounded(monkeypatch:
     many = pb.ListPodResourcesResponse(pod_resources=[pod("vm", f"p{i}", ("vmm", KVM, 1)) for i in range(5)])
     found = read_holdings(many.SerializeToString(), Wanted(frozenset({KVM})))
     assert (len(found.held), found.dropped) == (2, 3)
+
+
+# --- reading answer after answer: a pod entry seen in the last answer is not walked again ------------
+
+
+def _encoded(*pods: pb.PodResources) -> bytes:
+    return pb.ListPodResourcesResponse(pod_resources=pods).SerializeToString()
+
+
+@pytest.fixture
+def walked(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One item per pod entry walked."""
+    calls: list[int] = []
+    walk = answer._pod_rows
+
+    def counting(*args: object) -> tuple[answer.Row, ...]:
+        calls.append(1)
+        return walk(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(answer, "_pod_rows", counting)
+    return calls
+
+
+def test_a_reader_walks_only_the_pods_the_last_answer_did_not_have(walked: list[int]) -> None:
+    a, b, c = pod("vm", "a", ("vmm", KVM, 1)), pod("vm", "b", ("vmm", KVM, 2)), pod("vm", "c", ("vmm", TUN, 1))
+    wanted = Wanted(frozenset({KVM, TUN}))
+    reader = answer.Reader()
+    assert reader.read(_encoded(a, b), wanted).held == {(KVM, "vm", "a", "vmm"): 1, (KVM, "vm", "b", "vmm"): 2}
+    assert len(walked) == 2
+    found = reader.read(_encoded(b, c, a), wanted)  # in another order, c new
+    assert found.held == {(KVM, "vm", "a", "vmm"): 1, (KVM, "vm", "b", "vmm"): 2, (TUN, "vm", "c", "vmm"): 1}
+    assert len(walked) == 3
+    b_grown = pod("vm", "b", ("vmm", KVM, 3))  # the same pod holding more: another entry
+    assert reader.read(_encoded(b_grown), wanted).held == {(KVM, "vm", "b", "vmm"): 3}
+    assert len(walked) == 4
+    assert reader.read(_encoded(a), wanted).held == {(KVM, "vm", "a", "vmm"): 1}
+    assert len(walked) == 5, "only the last answer's entries are remembered: a was forgotten"
+
+
+def test_a_reader_reads_everything_again_when_what_is_wanted_changes(walked: list[int]) -> None:
+    data = _encoded(pod("vm", "a", ("vmm", KVM, 1)), pod("vm", "b", ("vmm", TUN, 1)))
+    reader = answer.Reader()
+    assert reader.read(data, Wanted(frozenset({KVM}))).held == {(KVM, "vm", "a", "vmm"): 1}
+    assert reader.read(data, Wanted(frozenset({KVM, TUN}))).held == {
+        (KVM, "vm", "a", "vmm"): 1,
+        (TUN, "vm", "b", "vmm"): 1,
+    }
+    assert len(walked) == 4
+
+
+def test_an_undecodable_answer_leaves_what_the_reader_remembers(walked: list[int]) -> None:
+    a, c = pod("vm", "a", ("vmm", KVM, 1)), pod("vm", "c", ("vmm", KVM, 1))
+    wanted = Wanted(frozenset({KVM}))
+    reader = answer.Reader()
+    reader.read(_encoded(a), wanted)
+    with pytest.raises(DecodeError):
+        reader.read(_encoded(a, c) + b"\x0a\x05\x00", wanted)  # a third entry cut short
+    assert len(walked) == 2  # a, then c
+    assert reader.read(_encoded(a), wanted).held == {(KVM, "vm", "a", "vmm"): 1}
+    assert reader.read(_encoded(c), wanted).held == {(KVM, "vm", "c", "vmm"): 1}
+    assert len(walked) == 3, "a still remembered, c of the undecodable answer not"
+
+
+def test_a_reader_remembers_within_its_bounds_and_reads_right_beyond(
+    walked: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(answer, "REMEMBERED", 2)
+    pods = [pod("vm", f"p{i}", ("vmm", KVM, 1)) for i in range(5)]
+    reader = answer.Reader()
+    expected = {(KVM, "vm", f"p{i}", "vmm"): 1 for i in range(5)}
+    assert reader.read(_encoded(*pods), Wanted(frozenset({KVM}))).held == expected
+    assert reader.read(_encoded(*pods), Wanted(frozenset({KVM}))).held == expected
+    assert len(walked) == 5 + 3
+    monkeypatch.setattr(answer, "REMEMBERED", 100)
+    monkeypatch.setattr(answer, "REMEMBERED_BYTES", len(pods[0].SerializeToString()))
+    reader = answer.Reader()
+    reader.read(_encoded(*pods), Wanted(frozenset({KVM})))
+    assert reader.read(_encoded(*pods), Wanted(frozenset({KVM}))).held == expected
+    assert len(walked) == 8 + 5 + 4
+
+
+@given(st.lists(answers(), min_size=2, max_size=4), st.booleans())
+@settings(max_examples=100, deadline=None)
+def test_a_reader_reads_each_answer_as_a_fresh_walk_does(
+    responses: list[pb.ListPodResourcesResponse], dra: bool
+) -> None:
+    wanted = Wanted(frozenset({KVM, TUN}), DRIVER if dra else "", DEVICES)
+    reader = answer.Reader()
+    for response in [*responses, *reversed(responses)]:
+        data = response.SerializeToString()
+        assert reader.read(data, wanted) == read_holdings(data, wanted)

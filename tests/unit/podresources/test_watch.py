@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,9 +24,10 @@ from prometheus_client import CollectorRegistry
 
 from ate_devplugin.config import ResourceConfig
 from ate_devplugin.host.devices import DeviceNode, Discovery
-from ate_devplugin.host.watcher import FsEvent
+from ate_devplugin.host.watcher import FsEvent, Watches
 from ate_devplugin.observability.metrics import PodResourcesMetrics
 from ate_devplugin.podresources import watch
+from ate_devplugin.podresources.rewrites import Rewrites
 from ate_devplugin.podresources.watch import DraDevices, PodResourcesWatch, asks_for_list
 from ate_devplugin.settings import PodResourcesSettings
 from ate_devplugin.tasks import Guard
@@ -46,9 +48,13 @@ class Setup:
         dra: DraDevices | None = None,
     ) -> None:
         self.socket = tmp_path / "kubelet.sock"
+        self.plugin_dir = tmp_path / "device-plugins"
+        self.plugin_dir.mkdir()
         self.lister = FakeLister()
         self.registry = CollectorRegistry()
-        settings = PodResourcesSettings(str(self.socket), interval_s, 0.0, 5.0, plugin_dir="/unused", mode="both")
+        settings = PodResourcesSettings(
+            str(self.socket), interval_s, 0.0, 0.0, 5.0, plugin_dir=str(self.plugin_dir), mode="both"
+        )
         self.watch = PodResourcesWatch(
             settings, PodResourcesMetrics(self.registry), tracer or NoOpTracer(), cause_of=lambda r: cause, dra=dra
         )
@@ -102,6 +108,13 @@ async def test_series_follow_the_pods_that_hold_units(setup: Setup) -> None:
     assert setup.units("vm", "b", "helper") is None
     assert setup.units("vm", "b", "vmm") == 1
     assert setup.value("ate_devplugin_pods_holding_units", resource_name=KVM) == 1
+
+    # Only what changed is set again: a changed count, and a series gone and back.
+    setup.lister.pods = [pod("vm", "a", ("vmm", KVM, 1)), pod("vm", "b", ("vmm", KVM, 3))]
+    await setup.watch.list_once()
+    assert setup.units("vm", "a", "vmm") == 1
+    assert setup.units("vm", "b", "vmm") == 3
+    assert setup.value("ate_devplugin_pods_holding_units", resource_name=KVM) == 2
 
 
 async def test_series_are_bounded_and_what_is_dropped_is_counted(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -285,7 +298,7 @@ async def test_without_events_the_fallback_interval_lists_again(tmp_path: Path) 
 
 
 async def test_requests_are_coalesced(setup: Setup) -> None:
-    setup.watch.debounce_s = 0.2
+    setup.watch.gap_s = 0.2
     await setup.start()
     await until(lambda: setup.lister.calls == 1, "the first List")
     for _ in range(20):
@@ -393,7 +406,7 @@ async def test_a_prepared_or_unprepared_claim_lists_after_the_debounce(tmp_path:
         await s.start()
         await until(lambda: s.lister.calls == 1, "the first List")
         s.watch.debounce_s = 0.3
-        await asyncio.sleep(0.01)  # past the (zero) debounce of the first List
+        await asyncio.sleep(0.01)  # past the (zero) gap after the first List
         loop = asyncio.get_running_loop()
         asked = loop.time()
         s.watch.on_claims_changed()
@@ -405,6 +418,115 @@ async def test_a_prepared_or_unprepared_claim_lists_after_the_debounce(tmp_path:
         await server.stop(None)
 
 
+def rewrite_checkpoint(plugin_dir: Path, n: int = 1) -> None:
+    """As the kubelet's device manager does, ``n`` times: a temporary file renamed over it."""
+    for i in range(n):
+        (plugin_dir / f".tmp{i}").write_text("{}")
+        os.rename(plugin_dir / f".tmp{i}", plugin_dir / "kubelet_internal_checkpoint")
+
+
+async def test_a_checkpoint_rewrite_asks_for_a_list(setup: Setup) -> None:
+    setup.watch.gap_s = 0.05
+    await setup.start()
+    await until(lambda: setup.lister.calls == 1, "the first List")
+    setup.lister.pods = [pod("vm", "a", ("vmm", KVM, 1))]
+    rewrite_checkpoint(setup.plugin_dir)
+    await until(lambda: setup.units("vm", "a", "vmm") == 1, "a List after the rewrite")
+    assert setup.lister.calls == 2
+
+
+class RewrittenWhileAnswering(FakeLister):
+    """The kubelet rewrites its checkpoint while it answers the first List."""
+
+    def __init__(self, plugin_dir: Path) -> None:
+        super().__init__()
+        self.plugin_dir = plugin_dir
+
+    async def List(self, request: Any, context: Any) -> Any:
+        if self.calls == 0:
+            rewrite_checkpoint(self.plugin_dir)
+        return await super().List(request, context)
+
+
+async def test_a_rewrite_while_the_kubelet_answers_asks_for_one_more_list(tmp_path: Path) -> None:
+    """Armed before the call: a rewrite the answer may not show is not missed."""
+    s = Setup(tmp_path)
+    s.lister = RewrittenWhileAnswering(s.plugin_dir)
+    s.watch.gap_s = 0.05
+    server = await serve(s.socket, s.lister)
+    try:
+        await s.start()
+        await until(lambda: s.lister.calls == 2, "one more List for the rewrite during the first")
+        await asyncio.sleep(0.2)
+        assert s.lister.calls == 2
+    finally:
+        await s.watch.stop(1.0)
+        await server.stop(None)
+
+
+async def test_rewrites_wake_once_until_armed_again(tmp_path: Path) -> None:
+    wakes = []
+    rewrites = Rewrites(str(tmp_path), lambda: wakes.append(1))
+    rewrites.start()
+    try:
+        rewrite_checkpoint(tmp_path, 3)
+        await asyncio.sleep(0.05)
+        assert wakes == [], "not armed: nothing"
+        rewrites.arm()
+        rewrite_checkpoint(tmp_path, 20)
+        await until(lambda: wakes == [1], "the first rename")
+        await asyncio.sleep(0.05)
+        assert wakes == [1], "the renames after it woke nothing"
+        rewrites.arm()
+        rewrites.arm()  # twice: still one watch
+        (tmp_path / "other").write_text("written, not renamed")
+        await asyncio.sleep(0.05)
+        assert wakes == [1]
+        rewrite_checkpoint(tmp_path)
+        await until(lambda: wakes == [1, 1], "armed again")
+    finally:
+        rewrites.stop()
+        rewrites.stop()
+
+
+async def test_rewrites_of_a_missing_directory_are_said_once_and_it_recovers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "ate_devplugin.podresources.rewrites")
+    directory = tmp_path / "device-plugins"
+    wakes = []
+    rewrites = Rewrites(str(directory), lambda: wakes.append(1))
+    rewrites.start()
+    try:
+        rewrites.arm()
+        rewrites.arm()
+        said = [r.message for r in caplog.records]
+        assert said == ["cannot watch the kubelet's checkpoint: No such file or directory"]
+        directory.mkdir()
+        rewrites.arm()
+        assert caplog.records[-1].message == "watching the kubelet's checkpoint again"
+        rewrite_checkpoint(directory)
+        await until(lambda: wakes == [1], "the rename")
+    finally:
+        rewrites.stop()
+
+
+async def test_the_directory_removed_asks_for_a_list(tmp_path: Path) -> None:
+    """Its watch ends with it: the List that follows arms the watch again, on the new one."""
+    directory = tmp_path / "device-plugins"
+    directory.mkdir()
+    wakes = []
+    rewrites = Rewrites(str(directory), lambda: wakes.append(1))
+    rewrites.start()
+    try:
+        rewrites.arm()
+        directory.rmdir()
+        await until(lambda: wakes == [1], "the watch ended")
+    finally:
+        rewrites.stop()
+
+
+POD_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 D = "/var/lib/kubelet/device-plugins"
 
 
@@ -412,33 +534,28 @@ def fs(kind: str, path: str, dest: str = "", is_dir: bool = False) -> FsEvent:
     return FsEvent(kind=kind, path=path, dest_path=dest, is_directory=is_dir)
 
 
-CHECKPOINT = f"{D}/kubelet_internal_checkpoint"
-
-
-POD_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-
-
 POD_ROWS: list[tuple[str, list[FsEvent], bool]] = [
-    (
-        "checkpoint rewritten (temp file renamed over it)",
-        [
-            fs("created", f"{D}/.tmp1"),
-            fs("closed", f"{D}/.tmp1"),
-            fs("moved", f"{D}/.tmp1", f"{D}/kubelet_internal_checkpoint"),
-        ],
-        True,
-    ),
-    ("checkpoint written in place", [fs("closed", f"{D}/kubelet_internal_checkpoint")], True),
-    ("checkpoint removed: nothing", [fs("deleted", f"{D}/kubelet_internal_checkpoint")], False),
     ("PodResources socket made anew", [fs("created", POD_SOCKET)], True),
+    ("PodResources socket renamed into place", [fs("moved", f"{POD_SOCKET}.tmp", POD_SOCKET)], True),
     ("PodResources socket gone: nothing", [fs("deleted", POD_SOCKET)], False),
+    (
+        "checkpoint rewritten: heard apart, not here",
+        [fs("moved", f"{D}/.tmp1", f"{D}/kubelet_internal_checkpoint")],
+        False,
+    ),
 ]
 
 
 @pytest.mark.parametrize(("why", "batch", "asks"), POD_ROWS, ids=[r[0] for r in POD_ROWS])
 def test_what_asks_for_a_pod_resources_list(why: str, batch: list[FsEvent], asks: bool) -> None:
-    assert asks_for_list(batch, CHECKPOINT, POD_SOCKET) is asks, why
+    assert asks_for_list(batch, POD_SOCKET) is asks, why
 
 
-def test_pods_not_read_by_the_device_plugin_no_checkpoint_events() -> None:
-    assert not asks_for_list([fs("moved", f"{D}/.tmp", CHECKPOINT)], None, POD_SOCKET)
+@pytest.mark.parametrize("mode", ["device-plugin", "both", "dra"])
+def test_the_daemon_watches_only_the_pod_resources_directory(tmp_path: Path, mode: str) -> None:
+    """The checkpoint's rewrites never wake the daemon's watcher (nor its discovery)."""
+    pod_dir = tmp_path / "pod-resources"
+    pod_dir.mkdir()
+    settings = PodResourcesSettings(str(pod_dir / "kubelet.sock"), 60.0, 0.5, 2.0, 5.0, str(tmp_path), mode)
+    pods = PodResourcesWatch(settings, PodResourcesMetrics(CollectorRegistry()), NoOpTracer())
+    assert pods.watches() == Watches(dirs=frozenset({str(pod_dir)}))
