@@ -37,7 +37,7 @@ unit:
 # by `make test` as root.
 unit-nonroot: $(NONROOT_VENV)/.installed
 	tmp=$$(mktemp -d) && chmod 755 "$$tmp" && \
-	git ls-files -z app proto tests tools docs pyproject.toml | xargs -0 cp --parents -t "$$tmp" && \
+	git ls-files -z app bench dashboards proto tests tools docs pyproject.toml | xargs -0 cp --parents -t "$$tmp" && \
 	chown -R 65534:65534 "$$tmp" && cd "$$tmp" && \
 	setpriv --reuid=65534 --regid=65534 --clear-groups \
 		env -u CI HOME="$$tmp" TMPDIR="$$tmp" PYTHONPATH="$$tmp/app" PATH="$(NONROOT_VENV)/bin:$$PATH" \

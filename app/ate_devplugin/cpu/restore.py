@@ -65,7 +65,6 @@ class RestoreProfile:
 @dataclass(frozen=True)
 class Answer:
     profile: str
-    missing: tuple[str, ...] = ()  # the features the node's KVM does not offer, sorted
     reasons: tuple[tuple[str, str], ...] = ()  # (code, sentence) for each failed rule
 
     @property
@@ -101,7 +100,7 @@ def restorable(profile: RestoreProfile, node: CpuProfile) -> Answer:
         reasons.append((FEATURES, f"{counted} missing: {' '.join(missing)}"))
     if profile.tsc is not None and (problem := _tsc_problem(profile.tsc, node)):
         reasons.append((TSC, problem))
-    return Answer(profile.name, missing, tuple(reasons))
+    return Answer(profile.name, tuple(reasons))
 
 
 def within(rule_khz: int, node_khz: int, tolerance_ppm: int) -> bool:

@@ -16,6 +16,7 @@ from ate_devplugin.cpu.restore import (
     SCALING_ACCEPT,
     SCALING_IGNORE,
     SCALING_REQUIRE,
+    Answer,
     BaselineError,
     RestoreProfile,
     TscRule,
@@ -31,6 +32,12 @@ ICE = hardware(ICELAKE, khz=2_900_000)
 AMD = hardware(MILAN, "AuthenticAMD", khz=2_450_000)
 FIXED_TSC = hardware(SKYLAKE, scaling=False)  # the same CPU, a KVM that cannot scale the TSC
 ARM = CpuProfile("arm64", kvm_implementation="arm64")
+
+
+def lacking(answer: Answer) -> tuple[str, ...]:
+    """The features an answer says the node lacks, read from its reason as on-call reads it."""
+    said = [text.split("missing: ", 1)[1] for code, text in answer.reasons if code == "missing-features"]
+    return tuple(said[0].split()) if said else ()
 
 
 def profile(features: str = "", **fields: object) -> RestoreProfile:
@@ -75,7 +82,7 @@ CASES = [
 def test_the_decision(wanted: RestoreProfile, node: CpuProfile, code: str, missing: str, said: str) -> None:
     answer = restorable(wanted, node)
     assert (answer.code, answer.restorable) == (code, code == "restorable")
-    assert answer.missing == tuple(sorted(missing.split()))
+    assert lacking(answer) == tuple(sorted(missing.split()))
     assert said in str(answer)
     assert str(answer).startswith("p: restorable" if answer.restorable else "p: not restorable: ")
     assert answer.code in CODES
@@ -109,7 +116,7 @@ _NODES = st.builds(
 def test_a_node_restores_what_it_offers_and_no_feature_it_lacks(node: CpuProfile, extra: frozenset[str]) -> None:
     assert restorable(RestoreProfile("own", node.features), node).restorable
     wanted = RestoreProfile("more", node.features | extra)
-    assert restorable(wanted, node).missing == tuple(sorted(extra - node.features))
+    assert lacking(restorable(wanted, node)) == tuple(sorted(extra - node.features))
 
 
 @given(_NODES, _NAMES, _NAMES)
@@ -175,4 +182,4 @@ def test_a_template_narrows_the_baseline() -> None:
     template = Effect(sets=frozenset({"hypervisor"}), clears=frozenset({"avx2", "bmi2", "la57"}))
     built = baseline("t2cl_like", [("sky.json", SKY), ("ice.json", ICE)], template, tsc=False)
     assert built.features == (SKY.features - {"avx2", "bmi2"}) | {"hypervisor"}
-    assert restorable(built, SKY).missing == ("hypervisor",)  # the template asks what the host lacks
+    assert lacking(restorable(built, SKY)) == ("hypervisor",)  # the template asks what the host lacks
