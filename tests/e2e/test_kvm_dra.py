@@ -33,8 +33,10 @@ from tests.e2e.userpath import (
     RELEASE,
     RESOURCE,
     Helm,
+    attributes,
     ensure_namespace,
     kvm_probe_states,
+    kvm_probed,
     plugin_pods,
     readyz,
     wait_plugin_ready,
@@ -90,15 +92,10 @@ def node_devices(cluster: Cluster, node: Node) -> list[dict[str, Any]]:
     ]
 
 
-def attributes(device: dict[str, Any]) -> dict[str, Any]:
-    """{name: value} of a device's attributes, without their types."""
-    return {name: next(iter(typed.values())) for name, typed in device.get("attributes", {}).items()}
-
-
 def probed(cluster: Cluster, node: Node) -> list[dict[str, Any]] | None:
     """The node's devices once each carries the probed attributes."""
     devices = node_devices(cluster, node)
-    return devices if devices and all("kvmApiVersion" in attributes(d) for d in devices) else None
+    return devices if devices and all(kvm_probed(d) for d in devices) else None
 
 
 def all_tainted(cluster: Cluster, node: Node) -> list[list[tuple[str, str, str]]] | None:

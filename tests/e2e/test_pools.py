@@ -41,7 +41,10 @@ def pools(cluster_137: Cluster, helm_137: Helm) -> Iterator[dict[str, Node]]:
 
 def test_each_pool_runs_one_plugin_pod_on_its_own_node(cluster_137: Cluster, pools: dict[str, Node]) -> None:
     daemonsets = cluster_137.get_json("daemonsets", "-n", NAMESPACE)["items"]
-    assert sorted(d["metadata"]["name"] for d in daemonsets) == sorted(f"{RELEASE}-{pool}" for pool in pools)
+    # Each pool's daemon, and its KVM prober (on by default).
+    assert sorted(d["metadata"]["name"] for d in daemonsets) == sorted(
+        name for pool in pools for name in (f"{RELEASE}-{pool}", f"{RELEASE}-{pool}-kvm-prober")
+    )
     for pool, node in pools.items():
         cluster_137.kubectl("-n", NAMESPACE, "rollout", "status", f"daemonset/{RELEASE}-{pool}", "--timeout=240s",
                             timeout=270)  # fmt: skip

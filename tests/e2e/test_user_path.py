@@ -39,6 +39,7 @@ import stat
 import time
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,7 @@ from tests.harness.monitoring import reads_dra, reads_pod_resources
 REPO = Path(__file__).resolve().parents[2]
 #: A group for the device node of scenario 3b (kvm's fixed GID on Fedora and RHEL).
 KVM_GID = 36
+PROBER = f"{RESOURCE}-prober"  # the KVM prober's resource, served beside ate.dev/kvm
 QEMU_EACCES = "Could not access KVM kernel module: Permission denied"
 #: docs/examples/microvm-worker-values.yaml: its resources, its units of ate.dev/tun, and
 #: the device nodes of two of them that these machines lack (no vhost modules).
@@ -251,7 +253,7 @@ def pod_security(cluster: Cluster, namespace: str = NAMESPACE) -> str | None:
 
 def rollout(docs: list[dict[str, Any]]) -> tuple[int, bool]:
     """The plugin DaemonSet's maxSurge and whether its pods name their sockets with their UID."""
-    (ds,) = [d for d in docs if d and d["kind"] == "DaemonSet"]
+    (ds,) = [d for d in docs if d and d["kind"] == "DaemonSet" and d["metadata"]["name"] == RELEASE]  # not its prober
     args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
     return ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"], "--socket-suffix=$(K8S_POD_UID)" in args
 
@@ -605,12 +607,15 @@ def test_the_microvm_preset_advertises_what_each_node_has(
         values = metrics(user_cluster, pod)
         registered_ = {r: sample(values, "ate_devplugin_registered", resource_name=r) for r in PRESET_RESOURCES}
         print(f"{node.name}: capacity {ours}; sockets {sockets(node)}; registered {registered_}")
-        assert ours == {RESOURCE: "4096", TUN: str(TUN_UNITS)}, ours
+        # Beside them, the KVM prober's own resource (the prober is on by default).
+        assert ours == {RESOURCE: "4096", TUN: str(TUN_UNITS), PROBER: "4"}, ours
         assert status["allocatable"][TUN] == str(TUN_UNITS)
         # One socket per advertised resource (from 1.37 each named with the plugin pod's UID).
         found = sockets(node)
-        assert [n.rsplit(".", 1)[0][:15] for n in found] == ["ate-ate-dev-kvm", "ate-ate-dev-tun"], found
+        bases = sorted(re.sub(r"(-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12})?\.sock$", "", n) for n in found)
+        assert bases == ["ate-ate-dev-kvm", "ate-ate-dev-kvm-prober", "ate-ate-dev-tun"], found
         assert registered_ == {RESOURCE: 1, TUN: 1, "ate.dev/vhost-net": 0, "ate.dev/vhost-vsock": 0}, registered_
+        assert registered(user_cluster, pod, PROBER) == 1
         code, body = user_cluster.sandbox.http_get(f"http://{pod['status']['podIP']}:9477/readyz")
         assert code == 200, body
 
@@ -1208,23 +1213,26 @@ def test_without_the_label_no_plugin_pod_is_made_and_the_label_admits_them(
     cluster's default): helm succeeds, the DaemonSet makes no pod, and describing it shows the
     refusal docs/runbook.md quotes. The label NOTES print then admits the pods without a
     reinstall. Runs after the uninstall (no release), on 1.35."""
+
+    def refused(daemonset: str) -> str | None:
+        about = f"involvedObject.kind=DaemonSet,involvedObject.name={daemonset},reason=FailedCreate"
+        events = user_cluster.get_json("events", "-n", NAMESPACE, "--field-selector", about)["items"]
+        return next((e["message"] for e in events), None)
+
     ensure_namespace(user_cluster, NAMESPACE, "baseline")
     start = time.monotonic()
     user_helm.run("install", RELEASE, *user_helm.chart, "--namespace", NAMESPACE)
     try:
-        about = "involvedObject.kind=DaemonSet,reason=FailedCreate"
-
-        def refused() -> str | None:
-            events = user_cluster.get_json("events", "-n", NAMESPACE, "--field-selector", about)["items"]
-            return next((e["message"] for e in events), None)
-
-        message = wait_until("the DaemonSet's FailedCreate event", refused, 120)
+        message = wait_until("the DaemonSet's FailedCreate event", partial(refused, RELEASE), 120)
         print(f"baseline: {message}")
         assert re.search(
             r'pods "ate-devplugin-[a-z0-9]+" is forbidden: violates PodSecurity "baseline:latest": hostPath volumes '
-            r'\(volumes "device-plugins", "host-dev", "pod-resources"\)$',
+            r'\(volumes "device-plugins", "host-dev", "pod-resources", "kvm-prober"\)$',
             message,
         ), message  # fmt: skip
+        # The KVM prober (on by default) is refused alike, for its socket directory.
+        prober = wait_until("the prober's FailedCreate event", partial(refused, f"{RELEASE}-kvm-prober"), 120)
+        assert prober.endswith('violates PodSecurity "baseline:latest": hostPath volumes (volume "kvm-prober")'), prober
         described = user_cluster.kubectl("describe", "daemonset", "-n", NAMESPACE, RELEASE)
         assert 'violates PodSecurity "baseline:latest": hostPath volumes' in described, described
         assert not plugin_pods(user_cluster)

@@ -201,6 +201,16 @@ def sample(values: dict[tuple[str, frozenset[tuple[str, str]]], float], name: st
     return found[0] if found else None
 
 
+def attributes(device: dict[str, Any]) -> dict[str, Any]:
+    """{name: value} of a ResourceSlice device's attributes, without their types."""
+    return {name: next(iter(typed.values())) for name, typed in device.get("attributes", {}).items()}
+
+
+def kvm_probed(device: dict[str, Any]) -> bool:
+    """Whether a KVM device carries the probe's attributes (the prober is on by default)."""
+    return "kvmApiVersion" in attributes(device)
+
+
 def readyz(cluster: Cluster, pod: dict[str, Any]) -> str:
     """The daemon pod's /readyz text (200: readiness never waits for the KVM probe)."""
     status, body = cluster.sandbox.http_get(f"http://{pod['status']['podIP']}:9477/readyz")
