@@ -40,13 +40,27 @@ from typing import Any, TypeVar
 
 import pytest
 
+from tests.harness import early
 from tests.harness.daemon import DevicePluginDaemon, MakeDaemon
 from tests.harness.devices import make_device_root
 from tests.harness.faults import SpawnDaemon
-from tests.harness.image import REPO, TEST_IMAGE, BuiltImage, buildah
+from tests.harness.image import ARM64_BUILD, REPO, TEST_IMAGE, BuiltImage, buildah
 from tests.harness.kubelet import KNOWN_VERSIONS, GoStubPlugin, KubeletBench, Namespace
 from tests.harness.outcome import CALL_FAILED, print_logs_if_failed
 from tests.harness.require import missing_tool, require_kubelet_bench
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The arm64 image's build (minutes of emulation on one core) starts now, beside the
+    tests before tests/image, when they are to run and this machine can build it."""
+    arm64 = any(item.nodeid.startswith("tests/image/test_image_arm64.py") for item in session.items)
+    tools = all(shutil.which(t) for t in ("buildah", "podman", "debootstrap", "qemu-aarch64-static"))
+    if arm64 and tools and os.geteuid() == 0 and not session.config.option.collectonly:
+        early.start("arm64-image", *ARM64_BUILD)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    early.stop_all()
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -78,8 +78,15 @@ def k8s_validate() -> Callable[[Manifest, str], None]:
     except ImportError:
         missing_tool("the kubernetes-validate Python package", 'pip install -e ".[dev]"')
 
+    # Validation is a pure function of the object and the release: an object rendered alike by
+    # helm v3 and v4, or by several ci files (most of them are), is validated once per release.
+    valid: set[tuple[str, str]] = set()
+
     def validate(manifest: Manifest, version: str) -> None:
-        kubernetes_validate.validate(manifest, version, strict=True)
+        key = (version, json.dumps(manifest, sort_keys=True))
+        if key not in valid:
+            kubernetes_validate.validate(manifest, version, strict=True)
+            valid.add(key)
 
     return validate
 

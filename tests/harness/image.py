@@ -11,6 +11,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 # One tag per test session, so that two runs side by side never remove each other's image.
 TEST_IMAGE = f"localhost/ate-devplugin:test-{os.getpid()}"
+ARM64_IMAGE = f"{TEST_IMAGE}-arm64"
+# tests/image/test_image_arm64.py's build, which tests/conftest.py starts at collection.
+ARM64_BUILD = (
+    [str(REPO / "tools" / "build-image.sh")],
+    {"IMAGE": ARM64_IMAGE, "ARCH": "arm64", "STORAGE_DRIVER": "vfs"},
+)
 STORAGE = ["--storage-driver", "vfs"]
 
 

@@ -29,14 +29,14 @@ from typing import Any
 
 import pytest
 
+from tests.harness import early
 from tests.harness.chart import helm_path
 from tests.harness.devices import make_device_root
-from tests.harness.image import REPO, TEST_IMAGE, BuiltImage, buildah
+from tests.harness.image import ARM64_BUILD, ARM64_IMAGE, REPO, BuiltImage, buildah
 from tests.harness.net import free_port, http_get
 from tests.harness.require import missing_tool, require_tool
 from tests.harness.wait import wait_until
 
-ARM64_IMAGE = f"{TEST_IMAGE}-arm64"
 EM_AARCH64 = 183  # e_machine of an aarch64 ELF file
 # What `buildah run` writes to stderr after a command that exits non-zero.
 BUILDAH_EXIT = re.compile(r"^(subprocess exited with status \d+|Error: exit status \d+)\n", re.MULTILINE)
@@ -56,15 +56,9 @@ def arm64_image() -> Iterator[BuiltImage]:
         missing_tool("qemu-aarch64-static", "apt-get install -y qemu-user-static (or tools/setup.sh test)")
     if os.geteuid() != 0:
         missing_tool("root (binfmt_misc, buildah with chroot isolation)", "run the tests as root")
-    start = time.monotonic()
-    out = subprocess.run(
-        [str(REPO / "tools" / "build-image.sh")],
-        capture_output=True, text=True, timeout=5400, check=False,
-        env={**os.environ, "IMAGE": ARM64_IMAGE, "ARCH": "arm64", "STORAGE_DRIVER": "vfs"},
-    )  # fmt: skip
-    elapsed = time.monotonic() - start
-    assert out.returncode == 0, f"arm64 image build failed:\n{out.stdout[-6000:]}\n{out.stderr[-4000:]}"
-    steps = [line for line in out.stdout.splitlines() if line.startswith("build-image.sh:")]
+    code, output, elapsed = early.run("arm64-image", *ARM64_BUILD, timeout=5400)
+    assert code == 0, f"arm64 image build failed:\n{output[-10000:]}"
+    steps = [line for line in output.splitlines() if line.startswith("build-image.sh:")]
     print(f"\narm64 image built in {elapsed:.0f} s:", *steps, sep="\n")
     inspect = json.loads(buildah("inspect", "--type", "image", ARM64_IMAGE).stdout)
     yield BuiltImage(ARM64_IMAGE, inspect["OCIv1"], elapsed)
