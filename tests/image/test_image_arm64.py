@@ -5,9 +5,9 @@ host's does, and runs with a device root answering /healthz and /metrics as the 
 it; tools/release.sh pushes both architectures as one manifest list to a real registry
 (Debian's docker-registry, over TLS with a CA of its own), chart beside it.
 
-The arm64 build costs about 4 minutes of emulation (docs/development.md): this module
-builds it once, shares nothing with the amd64 build but the Dockerfile, and runs where
-tests/image runs.
+The arm64 build costs about 4 minutes of emulation (docs/development.md): built once, started
+at collection beside the tests before this module (tests/harness/early.py), it shares nothing
+with the amd64 build but the Dockerfile, and runs where tests/image runs.
 """
 
 from __future__ import annotations
