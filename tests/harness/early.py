@@ -19,8 +19,6 @@ from pathlib import Path
 
 @dataclass
 class Build:
-    argv: Sequence[str]
-    env: Mapping[str, str]
     proc: subprocess.Popen[str]
     output: Path
     started: float
@@ -40,20 +38,21 @@ _started: dict[str, Build] = {}
 
 def start(name: str, argv: Sequence[str], env: Mapping[str, str]) -> None:
     """Starts ``argv`` now (nice 10: the tests running meanwhile come first)."""
+    _started[name] = _spawn(name, argv, env)
+
+
+def _spawn(name: str, argv: Sequence[str], env: Mapping[str, str]) -> Build:
     out = Path(tempfile.mkstemp(prefix=f"early-{name}-", suffix=".log")[1])
     with out.open("w") as sink:
         proc = subprocess.Popen(["nice", "-n", "10", *argv], stdout=sink, stderr=subprocess.STDOUT, text=True,
                                 env={**os.environ, **env})  # fmt: skip
-    _started[name] = Build(argv, env, proc, out, time.monotonic())
+    return Build(proc, out, time.monotonic())
 
 
 def run(name: str, argv: Sequence[str], env: Mapping[str, str], timeout: float) -> tuple[int, str, float]:
-    """The build's exit code, output and seconds: the early one's when it was started with
-    the same command, else one run now."""
-    build = _started.pop(name, None)
-    if build is None or list(build.argv) != list(argv) or dict(build.env) != dict(env):
-        start(name, argv, env)
-        build = _started.pop(name)
+    """The build's exit code, output and seconds: the early one's when it was started, else
+    one run now."""
+    build = _started.pop(name, None) or _spawn(name, argv, env)
     try:
         return build.result(timeout)
     finally:
