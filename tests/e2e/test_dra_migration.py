@@ -52,6 +52,7 @@ from tests.e2e.userpath import (
     IMAGE_VALUES,
     MICROVM_WORKERS,
     NAMESPACE,
+    PLUGIN_SELECTOR,
     RESOURCE,
     TUN,
     Helm,
@@ -213,8 +214,15 @@ def node_of(cluster: Cluster, name: str) -> Node:
     return next(n for n in cluster.nodes if n.name == name)
 
 
+def release_pods(cluster: Cluster, release: str) -> list[dict[str, Any]]:
+    """The release's daemon pods (its KVM prober's pods, of the same release, left out)."""
+    selector = f"{PLUGIN_SELECTOR},app.kubernetes.io/instance={release}"
+    found: list[dict[str, Any]] = cluster.get_json("pods", "-n", NAMESPACE, "-l", selector)["items"]
+    return found
+
+
 def plugin_pod(cluster: Cluster, release: str, node: Node) -> dict[str, Any] | None:
-    items = cluster.get_json("pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/instance={release}")["items"]
+    items = release_pods(cluster, release)
     return next(
         (p for p in items if p["spec"].get("nodeName") == node.name and not p["metadata"].get("deletionTimestamp")
          and is_ready(p)),
@@ -227,6 +235,7 @@ def wait_plugin(cluster: Cluster, release: str, node: Node) -> dict[str, Any]:
 
 
 def no_plugin(cluster: Cluster, release: str, node: Node) -> bool:
+    """Whether no pod of the release (daemon or prober) is left on the node."""
     items = cluster.get_json("pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/instance={release}")["items"]
     return not [p for p in items if p["spec"].get("nodeName") == node.name]
 
