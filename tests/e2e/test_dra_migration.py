@@ -52,7 +52,6 @@ from tests.e2e.userpath import (
     IMAGE_VALUES,
     MICROVM_WORKERS,
     NAMESPACE,
-    PLUGIN_SELECTOR,
     RESOURCE,
     TUN,
     Helm,
@@ -63,6 +62,7 @@ from tests.e2e.userpath import (
     is_ready,
     kvm_probed,
     metrics,
+    plugin_pods,
     resource_health,
     sample,
     worker,
@@ -214,18 +214,11 @@ def node_of(cluster: Cluster, name: str) -> Node:
     return next(n for n in cluster.nodes if n.name == name)
 
 
-def release_pods(cluster: Cluster, release: str) -> list[dict[str, Any]]:
-    """The release's daemon pods (its KVM prober's pods, of the same release, left out)."""
-    selector = f"{PLUGIN_SELECTOR},app.kubernetes.io/instance={release}"
-    found: list[dict[str, Any]] = cluster.get_json("pods", "-n", NAMESPACE, "-l", selector)["items"]
-    return found
-
-
 def plugin_pod(cluster: Cluster, release: str, node: Node) -> dict[str, Any] | None:
-    items = release_pods(cluster, release)
+    """The release's Ready daemon pod on the node (the prober's pods are not plugin pods)."""
     return next(
-        (p for p in items if p["spec"].get("nodeName") == node.name and not p["metadata"].get("deletionTimestamp")
-         and is_ready(p)),
+        (p for p in plugin_pods(cluster, node)
+         if p["metadata"]["labels"].get("app.kubernetes.io/instance") == release and is_ready(p)),
         None,
     )  # fmt: skip
 
