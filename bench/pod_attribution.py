@@ -69,6 +69,7 @@ from ate_devplugin.podresources.answer import Reader, Wanted, read_holdings
 from ate_devplugin.podresources.lister import list_pods
 from ate_devplugin.podresources.watch import PodResourcesWatch
 from ate_devplugin.settings import PodResourcesSettings
+from ate_devplugin.view import build
 from bench import machine, procstat
 from bench.peers import GDP, GDP_ENV, Env, gdp_binary, gdp_missing
 from tests.harness.kubelet import (
@@ -499,8 +500,9 @@ async def _list_parts(socket: str, plugin_dir: Path, rounds: int, size: int) -> 
     )
     watch = PodResourcesWatch(settings, PodResourcesMetrics(CollectorRegistry()), NoOpTracer())
     try:
-        await watch.on_resources((ResourceConfig(name=RESOURCE, devices=("/dev/bench/kvm",)),))
-        watch.on_discovery({RESOURCE: Discovery(nodes=(), complete=True)})
+        resources = (ResourceConfig(name=RESOURCE, devices=("/dev/bench/kvm",)),)
+        await watch.on_resources(resources)
+        watch.on_view(build(resources, {RESOURCE: Discovery(nodes=(), complete=True)}, {}))
         await watch.list_once()  # warm: the worker thread, the series made
         begin = time.process_time()
         for _ in range(rounds):

@@ -43,7 +43,9 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         "tasks",  # guarded tasks, bounded stops, bounded blocking calls
         "observability",  # metrics, traces, logs, HTTP endpoints
         "host kvm",  # devices, CDI specs, filesystem events, unix-socket servers; KVM's probe and facts
-        "components kvmstate",  # the protocol the supervisor drives; the KVM state its components tell
+        "kvmstate",  # the KVM state the KVM health component tells
+        "view",  # the one view of each resource every component renders
+        "components",  # the protocol the supervisor drives
         "deviceplugin dra podresources kvmhealth",  # handing out devices (two ways), who holds them, KVM health
         "reload",  # reading the config file again
         "daemon",  # the supervisor

@@ -3,36 +3,37 @@
 Serving the device plugin API (deviceplugin.plugin), writing CDI specs (host.cdi), being a
 DRA driver (dra.plugin), reading which pods hold units (podresources.watch). Every
 component is started with the resource list and the guard its long-running tasks run
-under, hears every new resource list and every device discovery, and is stopped within a
+under, hears every new resource list and renders every view of the resources (view.py:
+what was discovered, the KVM state and the health of both), and is stopped within a
 deadline (:class:`Component`). What only some need is a capability of its own, which the
 supervisor asks each component for: saying whether it is ready (:class:`Readiness`) or
 stuck (:class:`Liveness`), watching the filesystem (:class:`Watching`), telling the
 others something through the supervisor (:class:`Telling`) and hearing what they tell
 (a capability per notice: :class:`HearsClaims` here, kvmstate.HearsKvm).
 
-Handlers of discoveries and filesystem events are plain calls on the event loop: they
-must not block, and they run one after the other within one step of the loop, so no
-component sees the world between two others' reactions. Components are started and told
-in the order they were built, but none relies on that order: each works from what it is
-told (the PodResources watch lists first at the first discovery, not at its start).
+Handlers of views and filesystem events are plain calls on the event loop: they must not
+block, and they run one after the other within one step of the loop, so no component sees
+the world between two others' reactions. Components are started and told in the order they
+were built, but none relies on that order: each works from what it is told (the PodResources
+watch lists first at the first view, not at its start).
 
 A notice (:class:`Notice`) is told through the supervisor's inbox, like a filesystem
 event, never by one component calling another: the supervisor delivers it to every
-component that hears it at its next step, inside the stall watchdog, and every notice told
-before a discovery before that discovery (so what a component said at its start is known
-to all at the first).
+component that hears it (the supervisor itself hears the KVM state, to build the view of
+it) at its next step, inside the stall watchdog, and every notice told before a view is
+built before that view (so what a component said at its start is in the first).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from ate_devplugin.config import ResourceConfig
-from ate_devplugin.host.devices import Discovery
 from ate_devplugin.host.watcher import FsEvent, Watches
 from ate_devplugin.tasks import Guard
+from ate_devplugin.view import View
 
 Resources = tuple[ResourceConfig, ...]
 
@@ -50,8 +51,9 @@ class Component(Protocol):
     async def on_resources(self, resources: Resources) -> None:
         """The config file was reloaded with this new resource list."""
 
-    def on_discovery(self, found: Mapping[str, Discovery]) -> None:
-        """What was found of every configured resource's devices, after every batch."""
+    def on_view(self, view: View) -> None:
+        """Every configured resource as it is now (view.py): after every batch, and after a
+        KVM state changed; the view of the resource list the last ``on_resources`` gave."""
 
 
 @runtime_checkable
@@ -73,7 +75,7 @@ class Watching(Protocol):
         batch, before and after the discoveries."""
 
     def on_fs_events(self, batch: Sequence[FsEvent]) -> None:
-        """A batch of filesystem events; discoveries follow every batch, so device changes need no handling here."""
+        """A batch of filesystem events; a view follows every batch, so device changes need no handling here."""
 
 
 class Notice(Protocol):

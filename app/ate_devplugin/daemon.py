@@ -2,10 +2,11 @@
 
 Filesystem events, SIGHUP, the components' notices, stop requests and task deaths arrive in
 one inbox (``put``). Per batch the watching components hear the filesystem events, every
-component the new resources if the config file changed, then the notices told meanwhile and
-every resource's devices as discovered again. A batch not handled in time is a stall
-(/healthz fails, ``ate_devplugin_lifecycle_stalls_total``); a guarded task that dies ends
-the daemon (exit 1: the DaemonSet starts it afresh); the stop is bounded, naming what is stuck.
+component the new resources if the config file changed, the notices told meanwhile, then
+one view (view.py) of the devices discovered again and the last KVM state told; notices
+alone make a view only when the KVM state changed. A batch not handled in time is a stall
+(/healthz fails); a guarded task that dies ends the daemon (exit 1: the DaemonSet starts it
+afresh); the stop is bounded, naming what is stuck.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ate_devplugin.components import Component, Liveness, Notice, Notices, Readiness, Resources, Telling, Watching
-from ate_devplugin.host.devices import Discover, Discovery, discover, watch_dirs
+from ate_devplugin.host.devices import Discover, discover, watch_dirs
 from ate_devplugin.host.watcher import FsEvent, Watcher, Watches, removed_dirs, touches
 from ate_devplugin.observability.metrics import Metrics
 from ate_devplugin.reload import ConfigReader
 from ate_devplugin.settings import DaemonSettings
 from ate_devplugin.tasks import Guard, TaskDiedError, Watchdog, cancel, stop_all
+from ate_devplugin.view import Views
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +63,6 @@ class Daemon:
         self._watching = [c for c in components if isinstance(c, Watching)]
         self.metrics = metrics
         self.reader = reader
-        self._discover = discover
         self.guard = Guard(
             lambda name, error: self.put(TaskDied(name, error)), lambda kind: metrics.task_failures.labels(kind).inc()
         )
@@ -74,7 +75,7 @@ class Daemon:
         self._stopping = asyncio.Event()
         self._watcher = Watcher(asyncio.get_running_loop(), self.put)
         self._watchdog = Watchdog("event_handling", settings.event_deadline_s, self._stalled)
-        self.found: dict[str, Discovery] = {}  # the last discovery, per resource
+        self.views = Views(discover, settings.device_root)  # hears the KVM state; has the last view
 
     def readiness(self) -> tuple[bool, str]:
         """Ready when every component is; the first that is not says why."""
@@ -90,8 +91,7 @@ class Daemon:
     def put(self, event: FsEvent | Reload | Stop | TaskDied | Notice) -> None:
         if isinstance(event, Stop | TaskDied):
             self._stop = self._stop or event
-            self._stopping.set()
-            return
+            return self._stopping.set()
         if isinstance(event, FsEvent | Reload):
             self._inbox.append(event)
         else:
@@ -112,10 +112,8 @@ class Daemon:
             for component in self.components:
                 await component.start(self.resources, self.guard)
             self._refresh()
-            log.info(
-                "started",
-                extra={"resources": [r.name for r in self.resources], "device_root": self.settings.device_root},
-            )
+            names = [r.name for r in self.resources]
+            log.info("started", extra={"resources": names, "device_root": self.settings.device_root})
             router = self.guard.spawn("event_router", self._route_events(), "event router")
             await self._stopping.wait()
         finally:
@@ -149,12 +147,12 @@ class Daemon:
 
     def _stalled(self, batch: object) -> None:
         self.metrics.lifecycle_stalls.labels("event_handling").inc()
-        stuck = self._watchdog.stuck
-        log.error("lifecycle stalled: %s", stuck, extra={"reason": "event_handling", "stuck": repr(batch)[:500]})
+        why = {"reason": "event_handling", "stuck": repr(batch)[:500]}
+        log.error("lifecycle stalled: %s", self._watchdog.stuck, extra=why)
 
     async def _handle(self, batch: list[FsEvent | Reload]) -> None:
         if not batch:
-            return self._notices.deliver(self.components)  # notices alone: no device can have changed
+            return self._render(discover=False)  # notices alone: no device can have changed
         fs_events = [e for e in batch if isinstance(e, FsEvent)]
         for path in removed_dirs(fs_events):
             self._watcher.forget(path)
@@ -163,35 +161,37 @@ class Daemon:
                 watching.on_fs_events(fs_events)
         asked = any(isinstance(e, Reload) for e in batch)
         if self.reader and (asked or touches(fs_events, str(self.reader.path.parent))):
-            await self._reload()
+            await self._reload(self.reader)
         self._refresh()
 
-    async def _reload(self) -> None:
-        assert self.reader is not None
-        resources = await self.reader.read(self.resources)
-        if resources is None:
-            return
-        for component in self.components:
-            await component.on_resources(resources)
-        self.resources = resources
-        self.reader.reloaded(resources)
+    async def _reload(self, reader: ConfigReader) -> None:
+        if (resources := await reader.read(self.resources)) is not None:
+            for component in self.components:
+                await component.on_resources(resources)
+            self.resources = resources
+            reader.reloaded(resources)
 
     def _refresh(self) -> None:
-        """Arms watches first, then reads the state, so nothing falls between the two; and
-        again if what was found changed what a component watches (a socket it will make)."""
+        """Arms watches first, then reads the state, so nothing falls between the two; and again
+        if the view changed what a component watches (a socket it will make)."""
         watches = self._watches()
         self._watcher.watch(watches)
-        self._notices.deliver(self.components)
-        self.found = found = {r.name: self._discover(r, self.settings.device_root) for r in self.resources}
-        for component in self.components:
-            component.on_discovery(found)
+        self._render(discover=True)
         after = self._watches()
         if after != watches:
             self._watcher.watch(after)
 
+    def _render(self, discover: bool) -> None:
+        """The notices told meanwhile (the KVM state to the views), then one view rendered once by
+        every component: of the devices discovered anew, or of the last with a new KVM state."""
+        self._notices.deliver([self.views, *self.components])
+        if discover or self.views.kvm_told:
+            view = self.views.discover(self.resources) if discover else self.views.again()
+            for component in self.components:
+                component.on_view(view)
+
     def _watches(self) -> Watches:
-        root = self.settings.device_root
-        watches = Watches(dirs=frozenset(d for r in self.resources for d in watch_dirs(r, root)))
+        watches = Watches(dirs=frozenset(d for r in self.resources for d in watch_dirs(r, self.settings.device_root)))
         if self.reader is not None:
             watches |= Watches(dirs=frozenset({str(self.reader.path.parent)}))
         for watching in self._watching:

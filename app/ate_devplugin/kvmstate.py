@@ -4,13 +4,9 @@ The KVM health component (kvmhealth/) is the one owner of this state: per resour
 ``health: kvm``, the verdict that holds, the node's facts (read once), what the last
 passing probe learned of the device, and whether the node can restore each of the
 resource's restore profiles (docs/restore-placement.md). It publishes every resource's state at once in a
-:class:`KvmChanged` notice; a component that renders it (the device plugin's unit health,
-the DRA driver's attributes, taints and health, the NFD feature file) declares
-:class:`HearsKvm`, and the supervisor delivers the notice to it, inside the stall watchdog.
-
-A node that is not KVM's ``10:232`` fails whatever was said before, and needs no probe to
-know it: :meth:`KvmState.verdict_now` judges the node a discovery found, so a consumer that
-hears the discovery before the notice still never counts such a node healthy.
+:class:`KvmChanged` notice, which the supervisor hears (:class:`HearsKvm`): it builds the one
+view every consumer renders of it (view.py), where a node that is not KVM's ``10:232``
+fails whatever was said before, needing no probe to know it.
 """
 
 from __future__ import annotations
@@ -72,14 +68,6 @@ class KvmState:
     device_facts: DeviceFacts | None = None  # what the last passing probe learned
     restore: tuple[Answer, ...] = ()  # one per restore profile of the resource (restore_answers)
 
-    def verdict_now(self, found: Discovery) -> ProbeResult | None:
-        """The verdict on the node ``found`` holds: none while it is absent, not-a-kvm-device
-        while it is not 10:232, else the one that holds."""
-        node = probed_node(found, self.device)
-        if node is None:
-            return None
-        return not_kvm(node) or self.verdict
-
     def attributes(self) -> dict[str, Value]:
         """The facts as typed attributes (kvm/attributes.py): the node's, the device's once
         learned, and ``restore_<profile>``: whether the node can restore it (false while unknown,
@@ -97,7 +85,7 @@ KvmStates = Mapping[str, KvmState]  # by resource name: every probed resource
 class HearsKvm(Protocol):
     def on_kvm(self, states: KvmStates) -> None:
         """Every probed resource's state, after any of it changed; a resource absent from
-        ``states`` is not probed (any more)."""
+        ``states`` is not probed (any more). The supervisor alone hears it (view.py)."""
 
 
 @dataclass(frozen=True)

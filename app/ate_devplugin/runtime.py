@@ -146,8 +146,12 @@ def log_state(daemon: Daemon) -> None:
         "liveness": liveness,
         "components": {c.name: c.readiness()[1] or "ready" for c in daemon.components if isinstance(c, Readiness)},
         "resources": {
-            name: {"devices": [f"{n.host_path} {n.major}:{n.minor}" for n in found.nodes], "complete": found.complete}
-            for name, found in daemon.found.items()
+            name: {
+                "devices": [f"{n.host_path} {n.major}:{n.minor}" for n in v.found.nodes],
+                "complete": v.present,
+                "health": v.why,
+            }
+            for name, v in daemon.views.last.items()
         },
         "config": str(daemon.reader.path) if daemon.reader else None,
     }
@@ -189,7 +193,8 @@ def components(
     and the DRA driver's ask about. The PodResources watch asks the device plugin for the
     trace context of a device change, and the DRA driver for its devices' names; what one
     component tells the others (the KVM state, the DRA driver's claims) goes through the
-    supervisor (components.Notice), so the order they are built in does not matter."""
+    supervisor (components.Notice), and every one renders the supervisor's view (view.py),
+    so the order they are built in does not matter."""
     part = settings.part(RuntimeSettings)
     # A DRA driver answers with CDI names only: then every resource needs its spec.
     specs = specs or cdi.CdiSpecs(part.cdi_dir, metrics, every_resource=kube is not None)

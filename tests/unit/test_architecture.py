@@ -238,6 +238,37 @@ def logged_once_by_hand(sources: Sources) -> list[str]:
     return found
 
 
+CACHED = re.compile(r"\b(Discovery|KvmStates?|ResourceView|View)\b")
+
+
+def cached_state(sources: Sources) -> list[str]:
+    """Rule 4: a component (a class that renders the view, ``on_view``) keeping discovery, KVM
+    state or a view of its own (by name or type), or a class besides the supervisor's
+    ``Views`` hearing the KVM state (``on_kvm``): the two streams joined again by a consumer."""
+    found = []
+    for name, tree in ours(sources).items():
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            methods = {f.name for f in cls.body if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)}
+            if "on_kvm" in methods and cls.name != "Views" and not _is_protocol(cls):
+                found.append(f"{name}:{cls.lineno}: {cls.name}.on_kvm")
+            if "on_view" not in methods:
+                continue
+            for node in ast.walk(cls):
+                for target, annotation, _ in self_targets(node):
+                    typed = annotation is not None and CACHED.search(ast.unparse(annotation))
+                    if typed or target.attr in ("_found", "_kvm"):
+                        found.append(f"{name}:{target.lineno}: {cls.name} keeps self.{target.attr}")
+    return found
+
+
+def _is_protocol(cls: ast.ClassDef) -> bool:
+    return any("Protocol" in ast.unparse(base) for base in cls.bases)
+
+
+def test_components_render_the_view_and_keep_no_discovery_or_kvm_state() -> None:
+    assert cached_state(read(APP)) == []
+
+
 def test_components_tell_each_other_through_notices_not_listener_lists() -> None:
     assert listener_lists(read(APP)) == []
 
@@ -294,3 +325,19 @@ def test_each_rule_sees_what_it_forbids() -> None:
         "d.py:3: write remembers self._failed",
         "d.py:7: wait remembers self._said",
     ]  # a state change that is logged (the last function) is not a log once
+    joined = {
+        "e.py": "class DraPlugin:\n"
+        "    def __init__(self) -> None:\n"
+        "        self._found: Mapping[str, object] = {}\n"
+        "        self.last: dict[str, Discovery] = {}\n"
+        "    def on_kvm(self, states: KvmStates) -> None:\n"
+        "        self.states: KvmStates = states\n"
+        "    def on_view(self, view: View) -> None:\n"
+        "        self.rendered = len(view)\n"
+    }
+    assert cached_state(joined) == [
+        "e.py:1: DraPlugin.on_kvm",
+        "e.py:3: DraPlugin keeps self._found",
+        "e.py:4: DraPlugin keeps self.last",
+        "e.py:6: DraPlugin keeps self.states",
+    ]

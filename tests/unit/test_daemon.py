@@ -11,7 +11,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -39,6 +39,8 @@ from ate_devplugin.settings import (
     resolve,
 )
 from ate_devplugin.tasks import Guard, TaskDiedError
+from ate_devplugin.view import View
+from tests.unit.dra.fakes import FakeApi
 from tests.unit.fakes import KVM, FakeClock, FakeFs, FakeKubelet, FakeLister, FakeServer, fake_ports, pod, serve, until
 
 KVM_ONLY = "resources: [{name: ate.dev/kvm, devices: [/dev/kvm]}]\n"
@@ -56,7 +58,12 @@ def found(config: ResourceConfig, root: str) -> Discovery:
 
 class Setup:
     def __init__(
-        self, tmp_path: Path, config: str | None = None, flags: dict[str, str] | None = None, **timing: float
+        self,
+        tmp_path: Path,
+        config: str | None = None,
+        flags: dict[str, str] | None = None,
+        kube: FakeApi | None = None,  # the API server of a DRA mode
+        **timing: float,
     ) -> None:
         (tmp_path / "plugins").mkdir()
         flags = {
@@ -71,7 +78,7 @@ class Setup:
             self.config = tmp_path / "etc/config.yaml"
             self.config.write_text(config)
             flags["config"] = str(self.config)
-        settings = resolve(flags, {})
+        settings = resolve(flags, {"NODE_NAME": "node-a"})
         self.settings = replace(settings, timing=Timing(agent_stop_s=0.5, server_stop_grace_s=0.0, **timing))
         part = self.settings.part(RuntimeSettings)
         resources = files.load(part.config, part.plugin_dir)
@@ -85,13 +92,17 @@ class Setup:
             resources,
             self.metrics,
             Tracing(NoOpTracerProvider()),
+            kube=kube,
             ports=fake_ports(self.fs, self.kubelet, FakeClock(), self.servers),
             discover=lambda config, root: self.discovered.get(config.name) or found(config, root),
         )
         self.discovered: dict[str, Discovery] = {}  # what discovery finds, when not the default
-        self.plugin = next(c for c in self.daemon.components if isinstance(c, DevicePlugin))
-        agents = self.plugin.agents  # the kubelet opens its stream within each Register
-        self.kubelet.streams_of = lambda name: agents[name].state if name in agents else None
+        # The kubelet opens its stream within each Register.
+        self.kubelet.streams_of = lambda name: self.plugin.agents[name].state if name in self.plugin.agents else None
+
+    @property
+    def plugin(self) -> DevicePlugin:
+        return next(c for c in self.daemon.components if isinstance(c, DevicePlugin))
 
     def sample(self, name: str, **labels: str) -> float | None:
         return self.metrics.registry.get_sample_value(name, labels)
@@ -161,6 +172,57 @@ async def test_config_reload_adds_and_removes_agents(tmp_path: Path) -> None:
     await asyncio.wait_for(task, 5)
 
 
+KVM_AND_TAP = "resources: [{name: ate.dev/kvm, devices: [/dev/kvm]}, {name: ate.dev/tap, devices: [/dev/net/tun]}]\n"
+
+
+@pytest.mark.parametrize("mode", ["device-plugin", "dra", "both"])
+async def test_a_reload_adds_renames_and_removes_a_resource_in_every_mode(tmp_path: Path, mode: str) -> None:
+    """The KVM state told at a reload is rendered with the new resource list, never the old
+    discovery (a KeyError in dra and both mode ended the daemon): every surface follows."""
+    dra = mode != "device-plugin"
+    dirs = {"registry_dir": str(tmp_path / "registry"), "dra_dir": str(tmp_path / "dra")} if dra else {}
+    api = FakeApi() if dra else None
+    s = Setup(tmp_path, KVM_ONLY, flags={"mode": mode, **dirs}, kube=api)
+    task = asyncio.create_task(s.daemon.run())
+    dp = mode != "dra"
+
+    def surfaces() -> set[str]:
+        """Every resource each surface has: the view, the agents, the slices' devices."""
+        seen = {f"view {n}" for n in s.daemon.views.last}
+        seen |= {f"agent {n}" for n in s.plugin.agents} if dp else set()
+        seen |= {f"slice {d.rsplit('-', 1)[0] if d[-1].isdigit() else d}" for d in api.devices()} if api else set()
+        return seen
+
+    def reloaded() -> float | None:
+        return s.sample("ate_devplugin_config_reloads_total", result="success")
+
+    def on_every_surface(*names: str) -> set[str]:
+        kinds = ["view", *(["agent"] if dp else []), *(["slice"] if dra else [])]
+        return {
+            f"{kind} {n if kind != 'slice' else n.replace('.', '-').replace('/', '-')}" for kind in kinds for n in names
+        }
+
+    try:
+        await until(lambda: surfaces() == on_every_surface("ate.dev/kvm"), "kvm served")
+        for config, names, reloads in (
+            (KVM_AND_TUN, ("ate.dev/kvm", "ate.dev/tun"), 1),  # added
+            (KVM_AND_TAP, ("ate.dev/kvm", "ate.dev/tap"), 2),  # renamed
+            (KVM_ONLY, ("ate.dev/kvm",), 3),  # removed
+        ):
+            s.config.write_text(config)
+            await until(
+                lambda n=reloads: s.sample("ate_devplugin_config_reloads_total", result="success") == n, "reloaded"
+            )
+            await until(lambda n=names: surfaces() == on_every_surface(*n), f"every surface has {names}")
+            assert not task.done(), "the daemon runs"
+        kvm = s.daemon.views.last["ate.dev/kvm"]
+        assert kvm.kvm is not None, "its KVM state kept through the reloads"
+        assert kvm.healthy
+    finally:
+        s.daemon.request_stop("SIGTERM")
+        await asyncio.wait_for(task, 5)
+
+
 async def test_a_rejected_reload_keeps_the_running_config(tmp_path: Path) -> None:
     s = Setup(tmp_path, KVM_ONLY)
     task = await running(s)
@@ -226,7 +288,7 @@ async def test_a_stall_fails_liveness_and_says_why(tmp_path: Path, monkeypatch: 
     task = await running(s)
     release = asyncio.Event()
 
-    async def stuck() -> None:
+    async def stuck(reader: object) -> None:
         await release.wait()
 
     monkeypatch.setattr(s.daemon, "_reload", stuck)
@@ -247,7 +309,7 @@ async def test_stop_is_bounded_even_mid_event(
     task = await running(s)
     entered, released = asyncio.Event(), asyncio.Event()
 
-    async def wedged() -> None:  # a handler that ignores cancellation, as a wedged one would
+    async def wedged(reader: object) -> None:  # a handler that ignores cancellation, as a wedged one would
         entered.set()
         while not released.is_set():
             with contextlib.suppress(asyncio.CancelledError):
@@ -368,12 +430,12 @@ async def test_the_checkpoint_written_lists_again(pods: Pods) -> None:
     s = pods.s
     task = await running(s)
     await until(lambda: units(s, "worker") == 1, "the first List")
-    discovered = s.daemon.found
+    viewed = s.daemon.views.last
     pods.lister.pods.append(pod("vm", "new", ("vmm", KVM, 1)))
     pods.write_checkpoint()
     await until(lambda: units(s, "new") == 1, "a List after the checkpoint was written")
     # Heard by the PodResources watch alone: no batch for the daemon, no discovery.
-    assert s.daemon.found is discovered
+    assert s.daemon.views.last is viewed
     s.daemon.request_stop("SIGTERM")
     await asyncio.wait_for(task, 5)
 
@@ -395,10 +457,7 @@ async def test_a_lost_device_counts_and_names_the_pods_holding_it(pods: Pods, ca
     await until(lambda: units(s, "worker") == 1, "the first List")
     assert s.sample("ate_devplugin_pods_on_unhealthy_device", resource_name=KVM) == 0
 
-    def absent(config: ResourceConfig, root: str) -> Discovery:
-        return Discovery(nodes=(), complete=False)
-
-    s.daemon._discover = absent
+    s.discovered[KVM] = Discovery(nodes=(), complete=False)
     s.daemon.put(FsEvent("deleted", "/dev/kvm", "", False))
     await until(lambda: s.sample("ate_devplugin_pods_on_unhealthy_device", resource_name=KVM) == 1, "counted")
     await until(lambda: any(r.message.startswith("device lost") for r in caplog.records), "logged")
@@ -424,7 +483,7 @@ class SlowStart:
     async def on_resources(self, resources: tuple[ResourceConfig, ...]) -> None:
         pass
 
-    def on_discovery(self, found: Mapping[str, Discovery]) -> None:
+    def on_view(self, view: View) -> None:
         pass
 
 
@@ -489,8 +548,8 @@ class Probe:
     async def on_resources(self, resources: tuple[ResourceConfig, ...]) -> None:
         self.heard.append("resources")
 
-    def on_discovery(self, found: Mapping[str, Discovery]) -> None:
-        self.heard.append("discovery")
+    def on_view(self, view: View) -> None:
+        self.heard.append("view")
 
 
 def probe_daemon(tmp_path: Path, *probes: Probe) -> Daemon:
@@ -514,7 +573,7 @@ async def test_any_components_task_that_dies_ends_the_daemon_counted(tmp_path: P
     with pytest.raises(TaskDiedError, match="slices task died"):
         await asyncio.wait_for(daemon.run(), 5)
     assert daemon.metrics.registry.get_sample_value("ate_devplugin_task_failures_total", {"task": "slice_sync"}) == 1
-    assert probe.heard == ["discovery", "stop"]
+    assert probe.heard == ["view", "stop"]
 
 
 class SocketMaker(Probe):
@@ -533,7 +592,7 @@ class SocketMaker(Probe):
     def on_fs_events(self, batch: Sequence[FsEvent]) -> None:
         self.seen += batch
 
-    def on_discovery(self, found: Mapping[str, Discovery]) -> None:
+    def on_view(self, view: View) -> None:
         self.present = True
 
 

@@ -118,7 +118,8 @@ def test_sigusr1_writes_the_state_to_the_log_and_the_daemon_goes_on(
         "CDI specs": "ready",
         "kvm probe": "ready",
     }
-    assert state["resources"] == {"ate.dev/kvm": {"devices": [], "complete": False}}
+    missing = "device node missing (/dev/kvm)"
+    assert state["resources"] == {"ate.dev/kvm": {"devices": [], "complete": False, "health": missing}}
     assert state["config"] == str(tmp_path / "config.yaml")
     # Stopped by the SIGTERM that followed, not by SIGUSR1.
     assert [getattr(r, "why", None) for r in caplog.records if r.getMessage() == "stopping"] == ["SIGTERM"]

@@ -98,13 +98,15 @@ class ResourceAgent:
             self._attempt.cancel()  # an attempt at the old kubelet is moot
         self.wake()
 
-    def apply_discovery(self, found: Discovery) -> None:
+    def apply(self, found: Discovery, failing: str | None = None) -> None:
+        """The resource's devices as found, and why they fail a health check beyond existence
+        (the KVM probe's reason; None: existence alone counts), as one change of health."""
         state = self.state
         was_present = state.ever_present
         appeared = found.complete != state.discovery.complete
 
         def change() -> None:
-            state.update(found)
+            state.update(found, failing)
             if appeared:
                 log.info(
                     "devices %s",
@@ -112,15 +114,10 @@ class ResourceAgent:
                     extra={"resource": self.name, "nodes": [n.host_path for n in found.nodes]},
                 )
 
-        self._apply(change, found.complete and state.failing is None)
+        self._apply(change, found.complete and failing is None)
         self.metrics.device_nodes_present.labels(self.name).set(len(found.nodes))
         if state.ever_present and not was_present:
             self.wake()
-
-    def apply_failing(self, reason: str | None) -> None:
-        """A health check beyond existence (the KVM probe) fails for ``reason``, or no longer does."""
-        if reason != self.state.failing:
-            self._apply(lambda: self.state.fail(reason), self.state.discovery.complete and reason is None)
 
     def _apply(self, change: Callable[[], None], healthy: bool) -> None:
         """Makes ``change``, after which the resource is ``healthy``: in a span and counted if

@@ -43,17 +43,12 @@ class ResourceState:
     def health(self) -> str:
         return HEALTHY if self.discovery.complete and self.failing is None else UNHEALTHY
 
-    def update(self, discovery: Discovery) -> None:
-        """Record a discovery; streams hear of it when the advertised health changed."""
+    def update(self, discovery: Discovery, failing: str | None = None) -> None:
+        """Record a discovery, and why the present devices are not healthy (None: nothing but
+        existence counts); streams hear of it when the advertised health changed."""
         before = self.health
-        self.discovery = discovery
+        self.discovery, self.failing = discovery, failing
         self.ever_present = self.ever_present or discovery.complete
-        self._changed_from(before)
-
-    def fail(self, reason: str | None) -> None:
-        """Record why the present devices are not healthy (None: nothing but existence counts)."""
-        before = self.health
-        self.failing = reason
         self._changed_from(before)
 
     def _changed_from(self, before: str) -> None:

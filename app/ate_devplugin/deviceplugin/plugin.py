@@ -2,7 +2,7 @@
 
 It serves the configured resources (not in mode dra) and, with the prober, each probed
 resource's prober resource (probers.py). It adds and removes agents as the resource list
-changes, hands each agent its resource's discoveries, and tells them of what the filesystem
+changes, hands each agent its resource's view (view.py), and tells them of what the filesystem
 says: a new kubelet (its socket made anew), their own socket gone, a directory made
 (perhaps the plugin directory).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Tracer
@@ -22,11 +22,11 @@ from ate_devplugin.deviceplugin.agent import ResourceAgent
 from ate_devplugin.deviceplugin.ports import Ports
 from ate_devplugin.host.devices import Discovery
 from ate_devplugin.host.watcher import FsEvent, Watches
-from ate_devplugin.kvmstate import KvmStates
 from ate_devplugin.observability.logs import SaidOnce
 from ate_devplugin.observability.metrics import Metrics
 from ate_devplugin.settings import DevicePluginSettings
 from ate_devplugin.tasks import Guard
+from ate_devplugin.view import View
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +45,6 @@ class DevicePlugin:
         self._kubelet = ports.fs.socket_identity(settings.kubelet_socket)  # to tell restarts
         self._stuck: str | None = None
         self._waiting = SaidOnce()  # the info line about a missing kubelet socket
-        self._kvm: KvmStates = {}  # the KVM state of each probed resource
-        self._found: Mapping[str, Discovery] = {}  # the last discovery, judged again with a KVM state
         self._probed: dict[str, str] = {}  # each prober resource served -> the resource it probes
         self._unserved = SaidOnce(remember=64)  # prober resources that cannot be served, said once
 
@@ -106,29 +104,16 @@ class DevicePlugin:
             if name not in self.agents:
                 self._add(resource)
 
-    def on_kvm(self, states: KvmStates) -> None:
-        """A failing KVM probe makes its resource's present units Unhealthy."""
-        self._kvm = states
-        for name, agent in self.agents.items():
-            if name in self._found:
-                agent.apply_failing(self._failing(name, self._found[name]))
-
-    def on_discovery(self, found: Mapping[str, Discovery]) -> None:
-        self._found = found
+    def on_view(self, view: View) -> None:
+        """Each agent its resource's devices, Unhealthy while absent or while a KVM verdict fails."""
         for name, agent in self.agents.items():
             probed = self._probed.get(name)
             if probed is not None:  # a prober's resource: whatever of the device is there, Healthy
-                agent.apply_discovery(Discovery(found[probed].nodes, complete=True))
+                agent.apply(Discovery(view[probed].found.nodes, complete=True))
                 continue
-            # The KVM verdict on the node found first: one that is not 10:232 never counts healthy.
-            agent.apply_failing(self._failing(name, found[name]))
-            agent.apply_discovery(found[name])
+            failing = view[name].failing
+            agent.apply(view[name].found, None if failing is None else str(failing.reason))
         self._check_kubelet()
-
-    def _failing(self, resource: str, found: Discovery) -> str | None:
-        state = self._kvm.get(resource)
-        verdict = state.verdict_now(found) if state is not None else None
-        return None if verdict is None or verdict.passed else str(verdict.reason)
 
     # --- agents ---------------------------------------------------------------------
 

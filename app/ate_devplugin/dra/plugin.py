@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Protocol
 
 import grpc
@@ -25,13 +25,12 @@ from ate_devplugin.dra.registration import RegistrationServicer
 from ate_devplugin.dra.service import ClaimReader, DraDriver
 from ate_devplugin.dra.slices import SliceApi, SliceDevice, SlicePublisher, resource_devices
 from ate_devplugin.dra.taints import TaintBook
-from ate_devplugin.host.devices import Discovery
 from ate_devplugin.host.sockets import UnixServer
-from ate_devplugin.kvmstate import KvmStates, failure_text
 from ate_devplugin.observability.logs import reason
 from ate_devplugin.observability.metrics import DraMetrics
 from ate_devplugin.settings import DraSettings
 from ate_devplugin.tasks import Guard
+from ate_devplugin.view import ResourceView, View
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +74,6 @@ class DraPlugin:
             driver, settings.socket, lambda registered: metrics.registered.set(int(registered))
         )
         self._tell: Tell | None = None  # told ClaimsChanged after every prepare and unprepare answered
-        self._resources: tuple[ResourceConfig, ...] = ()
         self._names: dict[str, str] = {}  # every device name a configured resource may publish -> the resource
         self._servers: list[UnixServer] = []
         # Device name -> resource, of every present resource's devices in the configured
@@ -83,10 +81,6 @@ class DraPlugin:
         self._present: dict[str, str] = {}
         self._healthy: dict[str, bool] = {}  # resource -> its devices' health at the last discovery
         self.taints = TaintBook(driver, settings.dra_taint_effect)
-        # The KVM state of each probed resource: its devices carry the node's virtualisation
-        # facts as attributes, and a taint while its probe fails.
-        self._kvm: KvmStates = {}
-        self._found: Mapping[str, Discovery] = {}  # the last discovery, published again on a KVM state
 
     def _lookup(self, device: str) -> str | None:
         """The one place prepare asks for a device's CDI ID (``cdi_id``: host.cdi's answer)."""
@@ -100,20 +94,14 @@ class DraPlugin:
     def _devices(self, resource: ResourceConfig, shared: bool) -> list[SliceDevice]:
         return resource_devices(resource.name, resource.units, self.settings.dra_slots, shared)
 
-    def _published(self, resource: ResourceConfig, shared: bool) -> list[SliceDevice]:
-        """The devices as published: with a KVM resource's facts and taints."""
-        state = self._kvm.get(resource.name)
-        if state is None:
-            return self._devices(resource, shared)
-        taints = self.taints.taints(resource.name)
-        return resource_devices(
-            resource.name, resource.units, self.settings.dra_slots, shared, state.attributes(), taints
-        )
-
-    def on_kvm(self, states: KvmStates) -> None:
-        self._kvm = states
-        if self._found:
-            self._publish(self._found)
+    def _published(self, view: ResourceView, shared: bool) -> list[SliceDevice]:
+        """The devices as published: a probed resource's with the node's virtualisation facts
+        as attributes, and a taint while its probe fails."""
+        r = view.config
+        if view.kvm is None:
+            return self._devices(r, shared)
+        taints = self.taints.taints(r.name)
+        return resource_devices(r.name, r.units, self.settings.dra_slots, shared, view.kvm.attributes(), taints)
 
     def device_resources(self) -> dict[str, str]:
         """Every device a configured resource may publish (present or not, shared or a
@@ -121,7 +109,6 @@ class DraPlugin:
         return self._names
 
     def _configured(self, resources: tuple[ResourceConfig, ...]) -> None:
-        self._resources = resources
         self._names = {d.name: d.resource for r in resources for d in self._devices(r, shared=True)}
 
     def _claims_changed(self) -> None:
@@ -180,38 +167,25 @@ class DraPlugin:
         return True, "DRA driver registered, slices published"
 
     async def on_resources(self, resources: tuple[ResourceConfig, ...]) -> None:
-        self._configured(resources)  # published at the discovery that follows
+        self._configured(resources)  # published at the view that follows
 
-    def on_discovery(self, found: Mapping[str, Discovery]) -> None:
-        """Publishes the resources whose device nodes are all present (the CDI specs follow
-        the same discovery before the publisher's task runs), and reports every resource's
-        devices healthy or not."""
-        self._found = found
-        self._publish(found)
-
-    def _publish(self, found: Mapping[str, Discovery]) -> None:
+    def on_view(self, view: View) -> None:
+        """Publishes the resources whose device nodes are all present (the CDI specs render the
+        same view before the publisher's task runs), and reports every resource's devices
+        healthy or not."""
         shared = self.settings.dra_sharing == "capacity"
-        verdicts = {name: state.verdict_now(found[name]) for name, state in self._kvm.items() if name in found}
-        for r in self._resources:
-            verdict = verdicts.get(r.name)
-            self.taints.update(r.name, None if verdict is None else verdict.reason)
-        present = [r for r in self._resources if found[r.name].complete]
-        wanted = [d for r in present for d in self._published(r, shared)]
+        for v in view.values():
+            self.taints.update(v.name, None if v.verdict is None else v.verdict.reason)
+        wanted = [d for v in view.values() if v.present for d in self._published(v, shared)]
         self._present = {d.name: d.resource for d in wanted}
         self.publisher.publish(wanted)
         reports = []
-        for r in self._resources:
-            ok = found[r.name].complete
-            text = f"{r.name}: " + (
-                "every device node present" if ok else f"device node missing ({', '.join(r.devices)})"
-            )
-            verdict = verdicts.get(r.name)
-            if ok and verdict is not None and not verdict.passed:
-                ok, text = False, f"{r.name}: {failure_text(verdict)}"
-            self._note_health(r.name, ok)
-            reports += [DeviceReport(d.name, ok, text) for d in self._devices(r, self.publisher.sharing)]
+        for v in view.values():
+            self._note_health(v.name, v.healthy)
+            text = f"{v.name}: {v.why}"
+            reports += [DeviceReport(d.name, v.healthy, text) for d in self._devices(v.config, self.publisher.sharing)]
         self.health.update(reports)
-        for gone in set(self._healthy) - {r.name for r in self._resources}:
+        for gone in set(self._healthy) - view.keys():
             del self._healthy[gone]
             self.metrics.health_changed.remove(gone)
 

@@ -32,7 +32,7 @@ import secrets
 import stat
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ate_devplugin.host.watcher import FsEvent, Watches
 from ate_devplugin.observability.logs import SaidOnce
@@ -140,6 +140,17 @@ class _NotOursError(Exception):
     """The name holds something this daemon did not write: it is never replaced or removed."""
 
 
+class Viewed(Protocol):
+    """What the specs read of a resource's view (view.ResourceView; named here, as the host
+    room imports nothing of the rooms above it)."""
+
+    @property
+    def config(self) -> ResourceConfig: ...
+
+    @property
+    def found(self) -> Discovery: ...
+
+
 class CdiSpecs:
     """Keeps the spec files of resources in one CDI directory.
 
@@ -197,16 +208,16 @@ class CdiSpecs:
         for e in batch:
             for p in e.paths():
                 if p == d or p.startswith(d + "/") or d.startswith(p + "/"):
-                    self._stale = True  # checked at the discovery that follows every batch
+                    self._stale = True  # checked at the view that follows every batch
                     return
 
     async def on_resources(self, resources: tuple[ResourceConfig, ...]) -> None:
-        self._resources = resources  # written at the discovery that follows
+        self._resources = resources  # written at the view that follows
 
-    def on_discovery(self, found: Mapping[str, Discovery]) -> None:
+    def on_view(self, view: Mapping[str, Viewed]) -> None:
         wanted = {}
-        for r in self._resources:
-            nodes = found[r.name].nodes
+        for v in view.values():
+            r, nodes = v.config, v.found.nodes
             # With no node present there is nothing to name (a CDI device needs edits): no file.
             if (self.every_resource or r.uses_cdi) and nodes:
                 wanted[r.name] = _encode(spec(r, nodes))

@@ -14,13 +14,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ate_devplugin.components import Resources, Tell
 from ate_devplugin.config import ResourceConfig
 from ate_devplugin.cpu.restore import CODES
-from ate_devplugin.host.devices import DeviceNode, Discovery
+from ate_devplugin.host.devices import DeviceNode
 from ate_devplugin.kvm.facts import DeviceFacts, NodeFacts
 from ate_devplugin.kvm.probe import ProbeResult
 from ate_devplugin.kvm.reasons import CANNOT_PROBE, Reason
@@ -31,6 +31,7 @@ from ate_devplugin.observability.logs import SaidOnce
 from ate_devplugin.observability.metrics import KvmMetrics
 from ate_devplugin.settings import KvmHealthSettings
 from ate_devplugin.tasks import Guard
+from ate_devplugin.view import View
 
 log = logging.getLogger(__name__)
 
@@ -111,10 +112,11 @@ class KvmHealth:
                 probed.state = self._state(resource, probed.state.verdict, probed.state.device_facts)
         self._publish()
 
-    def on_discovery(self, found: Mapping[str, Discovery]) -> None:
+    def on_view(self, view: View) -> None:
+        """The probed nodes as found: a changed one is judged again (its state told anew)."""
         for name, probed in self._probed.items():
-            discovery = found.get(name)
-            node = probed_node(discovery, probed.config.probed_device) if discovery else None
+            v = view.get(name)
+            node = probed_node(v.found, probed.config.probed_device) if v else None
             if node == probed.node:
                 continue
             probed.node = node

@@ -1,7 +1,7 @@
 """The node's KVM facts as node labels: the NFD feature file, rendered from the KVM state.
 
-With ``--nfd-features-dir`` (nfd-worker's ``features.d``), every KVM state told rewrites
-kvm/nfd.py's file when its text changes: the node's facts, what the last passing probe
+With ``--nfd-features-dir`` (nfd-worker's ``features.d``), every view (view.py) whose KVM
+state changed rewrites kvm/nfd.py's file when its text changes: the node's facts, what the last passing probe
 learned of the device (API version, CPUID digest, capabilities, notable CPU features; of the
 first probed resource, by name, whose probe passed once) and whether the node can restore
 each restore profile (``ate.dev/restore_<name>=true|false``). A failing probe keeps the last
@@ -18,15 +18,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from ate_devplugin.components import Resources
-from ate_devplugin.host.devices import Discovery
 from ate_devplugin.kvm import nfd
-from ate_devplugin.kvmstate import KvmStates
+from ate_devplugin.kvmstate import KvmState
 from ate_devplugin.observability.logs import SaidOnce
 from ate_devplugin.tasks import Guard, cancel
+from ate_devplugin.view import View
 
 log = logging.getLogger(__name__)
 
@@ -39,24 +39,24 @@ class FeatureFile:
         self.domain = domain
         self.ttl_s = ttl_s
         self._clock = clock
-        self._states: KvmStates = {}
+        self._labels: dict[str, str] | None = None  # as last rendered; None: nothing probed yet
         self._expires = clock() + ttl_s
         self._renewing: asyncio.Task[None] | None = None
         self._failures = SaidOnce()  # the write's error, said once while it lasts
 
-    def on_kvm(self, states: KvmStates) -> None:
-        self._states = states
-        self._write()
-
-    def _write(self) -> None:
-        states = self._states
+    def on_view(self, view: View) -> None:
+        states = {name: v.kvm for name, v in view.items() if v.kvm is not None}
         if not states:
             return  # nothing probed (any more): the file says what it last said, until it expires
-        first = states[min(states)]
-        learned = next((states[n] for n in sorted(states) if states[n].device_facts is not None), first)
-        features = learned.device_facts.cpu_features if learned.device_facts else ()
-        restore = {name: value for state in states.values() for name, value in state.restore_attributes().items()}
-        labels = nfd.labels({**learned.attributes(), **restore}, features, self.domain)
+        labels = _labels(states, self.domain)
+        if labels != self._labels:
+            self._labels = labels
+            self._write()
+
+    def _write(self) -> None:
+        if self._labels is None:
+            return
+        labels = self._labels
         text = nfd.render(labels, datetime.fromtimestamp(self._expires, UTC))
         try:
             # A few KiB to a local directory: written on the loop, as the CDI specs are.
@@ -84,5 +84,11 @@ class FeatureFile:
     async def on_resources(self, resources: Resources) -> None:
         pass
 
-    def on_discovery(self, found: Mapping[str, Discovery]) -> None:
-        pass
+
+def _labels(states: dict[str, KvmState], domain: str) -> dict[str, str]:
+    """The node's facts and the first learned device's (by resource name), and every restore answer."""
+    first = states[min(states)]
+    learned = next((states[n] for n in sorted(states) if states[n].device_facts is not None), first)
+    features = learned.device_facts.cpu_features if learned.device_facts else ()
+    restore = {name: value for state in states.values() for name, value in state.restore_attributes().items()}
+    return nfd.labels({**learned.attributes(), **restore}, features, domain)

@@ -7,11 +7,12 @@ heard by ``rewrites``, once per List), our DRA driver answered a prepare or unpr
 of our resources' devices came or went, or the PodResources socket was made anew. Freeing
 a deleted pod's units writes no checkpoint: the fallback interval bounds how long its
 series outlives it. Requests are coalesced: the first lists at once, those that come
-meanwhile make one more List ``gap_s`` after it. The first List follows the first
-discovery, so it knows which resources' devices are present, whatever order the
+meanwhile make one more List ``gap_s`` after it. The first List follows the first view
+(view.py), so it knows which resources' devices are present and healthy, whatever order the
 components started in.
 
-Whether a resource's devices are present comes from the discoveries (every mode); when
+Whether a resource's devices are present and healthy comes from the view, as the device
+plugin and the DRA driver say it (absent, or failing the KVM probe, is unhealthy); when
 they go, the pods that held units are reported with the next List (a log line, and an
 event on its span, a child of the device plugin's ``device change`` when there is one).
 """
@@ -24,13 +25,13 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import grpc
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Tracer
 
 from ate_devplugin.config import ResourceConfig
-from ate_devplugin.host.devices import Discovery
 from ate_devplugin.host.watcher import FsEvent, Watches
 from ate_devplugin.observability.logs import SaidOnce
 from ate_devplugin.observability.metrics import PodResourcesMetrics
@@ -40,6 +41,7 @@ from ate_devplugin.podresources.lister import SERVICE, PodResourcesError, list_p
 from ate_devplugin.podresources.rewrites import Rewrites
 from ate_devplugin.settings import PodResourcesSettings
 from ate_devplugin.tasks import Guard, Worker, WorkerBusyError, cancel
+from ate_devplugin.view import View
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,17 @@ def asks_for_list(batch: Iterable[FsEvent], socket: str) -> bool:
     PodResources socket made anew (a kubelet restart). The checkpoint's rewrites are
     heard apart (``rewrites``)."""
     return any(e.kind in ("created", "moved") and (e.dest_path or e.path) == socket for e in batch)
+
+
+class Health(NamedTuple):
+    """What the pods' series follow of a resource's view."""
+
+    present: bool
+    healthy: bool
+
+
+def _was_present(health: Mapping[str, Health], resource: str) -> bool:
+    return resource in health and health[resource].present
 
 
 def pods_of(held: Mapping[Key, int], resource: str) -> list[str]:
@@ -101,8 +114,8 @@ class PodResourcesWatch:
         self._reader = Reader()  # used by the worker alone, one answer at a time
         self._worker = Worker("pod resources answer")
         self._names: frozenset[str] = frozenset()  # the configured resources
-        self._present: dict[str, bool] = {}  # resource -> every device node present, as last discovered
-        self._discovered = False
+        self._health: dict[str, Health] = {}  # resource -> its devices, as last viewed
+        self._viewed = False
         self._listed = False  # a List has answered
         self._exported: dict[Key, int] = {}  # the pod_units series, as last set
         self._published: set[str] = set()  # resources with per-resource series
@@ -115,7 +128,7 @@ class PodResourcesWatch:
     # --- the component ----------------------------------------------------------------
 
     async def start(self, resources: tuple[ResourceConfig, ...], guard: Guard) -> None:
-        """The first List comes with the first discovery."""
+        """The first List comes with the first view."""
         self._names = frozenset(r.name for r in resources)
         if self._rewrites is not None:
             self._rewrites.start()
@@ -140,18 +153,18 @@ class PodResourcesWatch:
         self._names = frozenset(r.name for r in resources)
         self.refresh()  # the series of resources added or gone
 
-    def on_discovery(self, found: Mapping[str, Discovery]) -> None:
-        """The first discovery asks for the first List; a resource whose devices came or went
-        updates the pods-on-an-unhealthy-device count at once and asks for a List, which
-        reports a loss with its pods."""
-        present = {name: d.complete for name, d in found.items()}
-        first, before, self._present = not self._discovered, self._present, present
-        self._discovered = True
-        changed = {name for name, ok in present.items() if before.get(name) != ok}
-        self._lost += [name for name in sorted(changed) if not present[name] and before.get(name)]
+    def on_view(self, view: View) -> None:
+        """The first view asks for the first List; a resource whose devices came, went or
+        changed health updates the pods-on-an-unhealthy-device count at once and asks for a
+        List, which reports a loss with its pods."""
+        health = {name: Health(v.present, v.healthy) for name, v in view.items()}
+        first, before, self._health = not self._viewed, self._health, health
+        self._viewed = True
+        changed = {name for name, h in health.items() if before.get(name) != h}
+        self._lost += [name for name in sorted(changed) if not health[name].present and _was_present(before, name)]
         if changed and not first:
             self._publish_resources()
-        if first or changed or present.keys() != before.keys():
+        if first or changed or health.keys() != before.keys():
             self.refresh()
 
     # --- told by the others -----------------------------------------------------------
@@ -198,7 +211,7 @@ class PodResourcesWatch:
         if self._rewrites is not None:
             self._rewrites.arm()  # before the call: a rewrite it may miss asks for the next
         lost, self._lost = self._lost, []
-        present = dict(self._present)
+        health = dict(self._health)
         parent = next((c for c in map(self._cause_of, lost) if c is not None), None)
         start = time.perf_counter()
         with rpc_span(self.tracer, SERVICE, "List", SpanKind.CLIENT, parent) as span:
@@ -219,9 +232,9 @@ class PodResourcesWatch:
                 log.info("PodResources answers again", extra={"socket": self.socket_path})
             self.held = found.held
             self._listed = True
-            self._publish(present, found)
+            self._publish(health, found)
             for resource in lost:
-                if present.get(resource) is False:  # not back meanwhile
+                if resource in health and not health[resource].present:  # not back meanwhile
                     self._report_loss(resource, span)
 
     def _wanted_now(self) -> Wanted:
@@ -241,7 +254,7 @@ class PodResourcesWatch:
 
     # --- series -------------------------------------------------------------------------
 
-    def _publish(self, present: Mapping[str, bool], found: Holdings) -> None:
+    def _publish(self, health: Mapping[str, Health], found: Holdings) -> None:
         m = self.metrics
         keys = sorted(self.held)
         kept = {key: self.held[key] for key in keys[:MAX_SERIES]}
@@ -253,26 +266,26 @@ class PodResourcesWatch:
         self._exported = kept
         m.series_dropped.set(len(keys) - len(kept) + found.dropped)
         m.labels_truncated.set(found.truncated)
-        self._publish_resources(present)
+        self._publish_resources(health)
 
-    def _publish_resources(self, present: Mapping[str, bool] | None = None) -> None:
+    def _publish_resources(self, health: Mapping[str, Health] | None = None) -> None:
         """Per resource: pods holding units, and those of them on an unhealthy device
         (none before a List answered: no count is better than a false 0)."""
         if not self._listed:
             return
-        present = self._present if present is None else present
+        health = self._health if health is None else health
         m = self.metrics
-        for gone in self._published - present.keys():
+        for gone in self._published - health.keys():
             m.pods_holding.remove(gone)
             m.pods_on_unhealthy_device.remove(gone)
-        self._published = set(present)
+        self._published = set(health)
         holding: dict[str, set[tuple[str, str]]] = {}
         for resource, namespace, pod, _ in self.held:
             holding.setdefault(resource, set()).add((namespace, pod))
-        for resource, ok in present.items():
+        for resource, h in health.items():
             pods = len(holding.get(resource, ()))
             m.pods_holding.labels(resource).set(pods)
-            m.pods_on_unhealthy_device.labels(resource).set(0 if ok else pods)
+            m.pods_on_unhealthy_device.labels(resource).set(0 if h.healthy else pods)
 
     def _report_loss(self, resource: str, span: Span) -> None:
         pods = pods_of(self.held, resource)

@@ -65,7 +65,7 @@ def world() -> World:
 async def started(world: World) -> ResourceAgent:
     agent = world.agent
     agent.start(world.guard)
-    agent.apply_discovery(FOUND)
+    agent.apply(FOUND)
     await until(lambda: agent.serving, "serving")
     return agent
 
@@ -87,7 +87,7 @@ async def test_nothing_happens_before_the_devices_are_present(world: World) -> N
     world.agent.start(world.guard)
     await asyncio.sleep(0.01)
     assert world.servers[KVM.name].starts == 0
-    world.agent.apply_discovery(Discovery(nodes=(), complete=False))
+    world.agent.apply(Discovery(nodes=(), complete=False))
     await asyncio.sleep(0.01)
     assert world.server.starts == 0
     assert await world.agent.stop()
@@ -137,7 +137,7 @@ async def test_a_new_kubelet_ends_a_hanging_attempt_and_registers_at_once(world:
     world.kubelet.outcomes = ["unavailable", "unavailable", "hang"]
     agent = world.agent
     agent.start(world.guard)
-    agent.apply_discovery(FOUND)
+    agent.apply(FOUND)
     await until(lambda: world.kubelet.calls == 3, "a hanging attempt")
     agent.kubelet_changed(restarted=True)
     await until(lambda: agent.serving, "registered with the new kubelet")
@@ -150,7 +150,7 @@ async def test_a_foreign_stream_neither_makes_ready_nor_stops_reregistration(wor
     agent = world.agent
     agent.state.stream_opened()  # a local client's stream, before our Register
     agent.start(world.guard)
-    agent.apply_discovery(FOUND)
+    agent.apply(FOUND)
     # Registered, but the only stream is foreign: not serving; after the grace (fake
     # clock), registered again, and again.
     await until(lambda: world.kubelet.calls >= 3, "registered again after each grace")
@@ -176,10 +176,10 @@ async def test_health_follows_the_devices(world: World) -> None:
     present_at = world.metrics.registry.get_sample_value(changed, {"resource_name": KVM.name})
     assert present_at is not None
     assert time.time() - 60 < present_at <= time.time(), "the first discovery (present) is a change"
-    agent.apply_discovery(FOUND)  # the same health: no change
+    agent.apply(FOUND)  # the same health: no change
     assert world.metrics.registry.get_sample_value(changed, {"resource_name": KVM.name}) == present_at
     await asyncio.sleep(0.01)
-    agent.apply_discovery(Discovery(nodes=(), complete=False))
+    agent.apply(Discovery(nodes=(), complete=False))
     lost_at = world.metrics.registry.get_sample_value(changed, {"resource_name": KVM.name})
     assert lost_at is not None
     assert present_at < lost_at <= time.time()
@@ -199,14 +199,14 @@ async def test_health_follows_a_failing_check_beyond_existence(world: World) -> 
     agent = await started(world)
     changes = world.metrics.registry.get_sample_value
     version = agent.state.version
-    agent.apply_failing("not-a-kvm-device")
+    agent.apply(FOUND, "not-a-kvm-device")
     assert (agent.state.health, agent.state.version) == ("Unhealthy", version + 1)
-    agent.apply_failing("run-failed")  # another reason, the same health: the streams hear nothing
+    agent.apply(FOUND, "run-failed")  # another reason, the same health: the streams hear nothing
     assert agent.state.version == version + 1
-    agent.apply_discovery(Discovery(nodes=(), complete=False))  # gone as well: still Unhealthy
-    agent.apply_discovery(FOUND)  # back, but still failing
+    agent.apply(Discovery(nodes=(), complete=False), "run-failed")  # gone as well: still Unhealthy
+    agent.apply(FOUND, "run-failed")  # back, but still failing
     assert (agent.state.health, agent.state.version) == ("Unhealthy", version + 1)
-    agent.apply_failing(None)
+    agent.apply(FOUND)
     assert (agent.state.health, agent.state.version) == ("Healthy", version + 2)
     unhealthy = {"resource_name": KVM.name, "health": "unhealthy"}
     healthy = {"resource_name": KVM.name, "health": "healthy"}
@@ -255,6 +255,6 @@ async def test_stop_ends_a_task_whose_first_cancellation_is_lost(world: World) -
 async def test_an_agent_that_dies_says_so(world: World) -> None:
     world.server.crash = True
     world.agent.start(world.guard)
-    world.agent.apply_discovery(FOUND)
+    world.agent.apply(FOUND)
     await until(lambda: world.deaths, "death reported")
     assert world.deaths == [f"agent {KVM.name}"]

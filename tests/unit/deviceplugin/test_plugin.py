@@ -30,13 +30,13 @@ def test_the_plugin_says_where_it_waits_for_the_kubelet_at_info_once_then_at_deb
         return [(r.levelno, r.getMessage()) for r in caplog.records if "kubelet socket" in r.getMessage()]
 
     for _ in range(3):
-        plugin.on_discovery({})  # what every batch of events ends with
+        plugin.on_view({})  # what every batch of events ends with
     waiting = f"waiting for the kubelet socket at {KUBELET}"
     assert said() == [(logging.INFO, waiting), (logging.DEBUG, waiting), (logging.DEBUG, waiting)]
     caplog.clear()
     fs.identities[KUBELET] = (1, 2, 3)
-    plugin.on_discovery({})
+    plugin.on_view({})
     del fs.identities[KUBELET]  # gone again (a kubelet restarting): said at info again, once
-    plugin.on_discovery({})
-    plugin.on_discovery({})
+    plugin.on_view({})
+    plugin.on_view({})
     assert said() == [(logging.INFO, "kubelet socket appeared"), (logging.INFO, waiting), (logging.DEBUG, waiting)]

@@ -37,7 +37,7 @@ async def test_the_kubelet_sees_every_device_and_each_change_at_once(tmp_path: P
     rig = Rig(tmp_path)
     await rig.start()
     try:
-        rig.plugin.on_discovery(PRESENT)
+        rig.discover(PRESENT)
         version = pb.DESCRIPTOR.package
         async with rig.channel(rig.settings.socket) as channel:
             stream = grpc_mod.DRAResourceHealthStub(channel).NodeWatchResources(pb.NodeWatchResourcesRequest())
@@ -47,12 +47,12 @@ async def test_the_kubelet_sees_every_device_and_each_change_at_once(tmp_path: P
             assert health(first) == [(NODE, name, "HEALTHY", 30, ok) for name in [SHARED, *SLOTS]]
             assert abs(first.devices[0].last_updated_time - before) <= 2
             assert rig.sample("ate_devplugin_dra_health_streams", version=version) == 1
-            rig.plugin.on_discovery(ABSENT)
+            rig.discover(ABSENT)
             # Long before the 10 s resend: the change itself is sent.
             gone = await asyncio.wait_for(stream.read(), 5)
             missing = "ate.dev/kvm: device node missing (/dev/kvm)"
             assert health(gone) == [(NODE, name, "UNHEALTHY", 30, missing) for name in [SHARED, *SLOTS]]
-            rig.plugin.on_discovery(PRESENT)
+            rig.discover(PRESENT)
             back = await asyncio.wait_for(stream.read(), 5)
             assert {h[2] for h in health(back)} == {"HEALTHY"}
             stream.cancel()

@@ -21,7 +21,7 @@ from ate_devplugin.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from ate_devplugin.api.pluginregistration.v1 import api_pb2 as reg
 from ate_devplugin.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from ate_devplugin.components import ClaimsChanged, Notice
-from ate_devplugin.config import DEFAULT_RESOURCES
+from ate_devplugin.config import DEFAULT_RESOURCES, ResourceConfig
 from ate_devplugin.cpu.restore import Answer
 from ate_devplugin.dra import service
 from ate_devplugin.dra.kube import ApiError
@@ -31,11 +31,12 @@ from ate_devplugin.host.devices import DeviceNode, Discovery
 from ate_devplugin.kvm.facts import DeviceFacts, NodeFacts
 from ate_devplugin.kvm.probe import ProbeResult
 from ate_devplugin.kvm.reasons import Reason
-from ate_devplugin.kvmstate import KvmChanged, KvmState
+from ate_devplugin.kvmstate import KvmState, KvmStates
 from ate_devplugin.observability.logs import MAX_REASON
 from ate_devplugin.observability.metrics import DraMetrics
 from ate_devplugin.settings import DRA_DRIVER, DraSettings, Settings, resolve
 from ate_devplugin.tasks import Guard
+from ate_devplugin.view import build
 from tests.unit.dra.fakes import FakeApi, cdi_id
 from tests.unit.fakes import until
 
@@ -94,18 +95,35 @@ class Rig:
         self.api.consumable_capacity = consumable_capacity
         self.deaths: list[str] = []
         self.guard = Guard(lambda name, error: self.deaths.append(name))
+        self.resources: tuple[ResourceConfig, ...] = (KVM,)
+        self.found: dict[str, Discovery] = {}  # the last discovery
+        self.kvm: KvmStates = {}  # the last KVM state told
 
     async def start(self) -> None:
-        await self.plugin.start((KVM,), self.guard)
+        await self.plugin.start(self.resources, self.guard)
         if self.kvm_facts is not None:
             self.tell_kvm(None)
+
+    def discover(self, found: dict[str, Discovery]) -> None:
+        """A batch's view, as the daemon builds it (view.build), of the last KVM state told."""
+        self.found = found
+        self.plugin.on_view(build(self.resources, found, self.kvm))
+
+    async def reload(self, resources: tuple[ResourceConfig, ...]) -> None:
+        self.resources = resources
+        await self.plugin.on_resources(resources)
 
     def tell_kvm(
         self, verdict: ProbeResult | None, facts: DeviceFacts | None = None, restore: tuple[Answer, ...] = ()
     ) -> None:
-        """The KVM state as the KVM health component tells it (kvmstate.KvmChanged)."""
+        """The KVM state as the KVM health component tells it: the daemon renders a new view."""
         assert self.kvm_facts is not None
-        KvmChanged({KVM.name: KvmState("/dev/kvm", verdict, self.kvm_facts, facts, restore)}).deliver(self.plugin)
+        self.tell_states({KVM.name: KvmState("/dev/kvm", verdict, self.kvm_facts, facts, restore)})
+
+    def tell_states(self, states: KvmStates) -> None:
+        self.kvm = states
+        if self.found:
+            self.discover(self.found)
 
     def sample(self, name: str, **labels: str) -> float | None:
         return self.registry.get_sample_value(name, labels)
@@ -118,7 +136,7 @@ class Rig:
 async def rig(tmp_path: Path) -> Any:
     rig = Rig(tmp_path)
     await rig.start()
-    rig.plugin.on_discovery(PRESENT)
+    rig.discover(PRESENT)
     await until(lambda: rig.plugin.publisher.synced.is_set(), "slices published")
     yield rig
     if rig.plugin._servers:
@@ -240,32 +258,32 @@ async def test_each_health_change_of_a_resource_is_timed(tmp_path: Path) -> None
     await rig.start()
     changed = "ate_devplugin_device_health_last_change_timestamp_seconds"
     try:
-        rig.plugin.on_discovery(ABSENT)
+        rig.discover(ABSENT)
         assert rig.sample(changed, resource_name=KVM.name) == 0, "absent from the start: no change yet"
-        rig.plugin.on_discovery(PRESENT)
+        rig.discover(PRESENT)
         present_at = rig.sample(changed, resource_name=KVM.name)
         assert present_at is not None
         assert time.time() - 60 < present_at <= time.time()
-        rig.plugin.on_discovery(PRESENT)
+        rig.discover(PRESENT)
         assert rig.sample(changed, resource_name=KVM.name) == present_at
         await asyncio.sleep(0.01)
-        rig.plugin.on_discovery(ABSENT)
+        rig.discover(ABSENT)
         lost_at = rig.sample(changed, resource_name=KVM.name)
         assert lost_at is not None
         assert present_at < lost_at <= time.time()
-        await rig.plugin.on_resources(())
-        rig.plugin.on_discovery({})
+        await rig.reload(())
+        rig.discover({})
         assert rig.sample(changed, resource_name=KVM.name) is None
     finally:
         await rig.plugin.stop(2.0)
 
 
 async def test_slices_follow_device_health_and_come_back_after_a_wipe(rig: Rig) -> None:
-    rig.plugin.on_discovery(ABSENT)
+    rig.discover(ABSENT)
     await until(lambda: rig.api.devices() == [], "slots withdrawn")
     [item] = rig.api.slices.values()  # an empty pool is still published
     assert item["spec"]["pool"]["generation"] == 2
-    rig.plugin.on_discovery(PRESENT)
+    rig.discover(PRESENT)
     await until(lambda: len(rig.api.devices()) == 5, "devices back")
     writes = len(rig.api.writes)
     rig.api.wipe()  # the kubelet started
@@ -281,13 +299,13 @@ async def test_many_slots_take_several_slices_and_failed_writes_are_retried(tmp_
     rig.api.fail_writes = 2
     await rig.start()
     try:
-        rig.plugin.on_discovery(PRESENT)
+        rig.discover(PRESENT)
         await until(lambda: len(rig.api.devices()) == 301, "three slices")
         counts = sorted(len(s["spec"]["devices"]) for s in rig.api.slices.values())
         assert counts == [45, 128, 128]
         assert {s["spec"]["pool"]["resourceSliceCount"] for s in rig.api.slices.values()} == {3}
         assert rig.sample("ate_devplugin_dra_slice_writes_total", op="create", result="failure") == 2
-        rig.plugin.on_discovery(ABSENT)
+        rig.discover(ABSENT)
         await until(lambda: len(rig.api.slices) == 1 and rig.api.devices() == [], "down to one empty slice")
     finally:
         await rig.plugin.stop(2.0)
@@ -440,7 +458,7 @@ async def test_an_api_server_that_drops_sharing_gets_the_slots_alone(
     rig = Rig(tmp_path, consumable_capacity=False)
     await rig.start()
     try:
-        rig.plugin.on_discovery(PRESENT)
+        rig.discover(PRESENT)
         await until(lambda: rig.plugin.publisher.synced.is_set(), "slices published")
         assert rig.api.devices() == SLOTS
         # Written once with the shareable device, read back without its flag, written again.
@@ -454,9 +472,9 @@ async def test_an_api_server_that_drops_sharing_gets_the_slots_alone(
         [result] = (await rig.plugin.driver.prepare([ClaimRef("ns", "ue", "early")])).values()
         assert (result.error, [d.device for d in result.devices]) == ("", [SHARED])
         # A later change publishes slots only, without trying the shareable device again.
-        rig.plugin.on_discovery(ABSENT)
+        rig.discover(ABSENT)
         await until(lambda: rig.plugin.publisher.synced.is_set() and rig.api.devices() == [], "devices withdrawn")
-        rig.plugin.on_discovery(PRESENT)
+        rig.discover(PRESENT)
         await until(lambda: rig.plugin.publisher.synced.is_set() and rig.api.devices() == SLOTS, "slots back")
         assert rig.api.writes[2:] == ["update", "update"]
     finally:
@@ -467,7 +485,7 @@ async def test_slots_only_when_configured(tmp_path: Path) -> None:
     rig = Rig(tmp_path, dra_sharing="slots")
     await rig.start()
     try:
-        rig.plugin.on_discovery(PRESENT)
+        rig.discover(PRESENT)
         await until(lambda: rig.plugin.publisher.synced.is_set(), "slices published")
         assert rig.api.devices() == SLOTS
         assert rig.api.writes == ["create"]
@@ -477,7 +495,7 @@ async def test_slots_only_when_configured(tmp_path: Path) -> None:
 
 
 async def test_a_claim_is_not_prepared_while_its_cdi_spec_is_not_on_disk(rig: Rig) -> None:
-    rig.plugin.on_discovery(PRESENT)
+    rig.discover(PRESENT)
     await until(lambda: rig.plugin.publisher.synced.is_set(), "slices published")
     rig.api.add_claim("ns", "c", "uc", allocated(SLOTS[0]))
     rig.cdi_problems[KVM.name] = "/var/run/cdi: Read-only file system"
@@ -508,7 +526,7 @@ async def test_who_reads_pods_hears_of_every_prepare_and_unprepare_and_knows_eve
     assert rig.notices == [ClaimsChanged(), ClaimsChanged()]
     expected = {SHARED: KVM.name, **dict.fromkeys(SLOTS, KVM.name)}
     assert rig.plugin.device_resources() == expected
-    rig.plugin.on_discovery(ABSENT)  # unpublished: still known
+    rig.discover(ABSENT)  # unpublished: still known
     assert rig.plugin.device_resources() == expected
 
 
@@ -521,7 +539,7 @@ def verdict(reason: Reason, facts: DeviceFacts | None = None) -> ProbeResult:
 async def test_with_the_kvm_probe_devices_carry_its_facts_taint_and_health(tmp_path: Path, effect: str) -> None:
     rig = Rig(tmp_path, kvm_facts=NODE_FACTS, dra_taint_effect=effect.lower())  # any case: spelled as the API wants
     await rig.start()
-    rig.plugin.on_discovery(PRESENT)
+    rig.discover(PRESENT)
     await until(lambda: rig.plugin.publisher.synced.is_set(), "published")
     [item] = rig.api.slices.values()
     attrs = item["spec"]["devices"][0]["attributes"]
@@ -557,7 +575,7 @@ async def test_with_the_kvm_probe_devices_carry_its_facts_taint_and_health(tmp_p
 
 
 async def test_without_the_kvm_probe_devices_carry_the_resource_alone(rig: Rig) -> None:
-    KvmChanged({}).deliver(rig.plugin)  # no resource probed
+    rig.tell_states({})  # no resource probed
     await asyncio.sleep(0.05)
     assert rig.api.devices_json()[1] == {"name": SLOTS[0], "attributes": {"resource": {"string": "ate.dev/kvm"}}}
     assert not any("taints" in d for d in rig.api.devices_json())

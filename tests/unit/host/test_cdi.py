@@ -17,6 +17,7 @@ from ate_devplugin.host.cdi import CdiSpecs, _OnDisk, device_id, spec
 from ate_devplugin.host.devices import DeviceNode, Discovery
 from ate_devplugin.observability.metrics import Metrics
 from ate_devplugin.tasks import Guard
+from ate_devplugin.view import build
 
 KVM = ResourceConfig(name="ate.dev/kvm", devices=("/dev/kvm",), allocate="cdi")
 
@@ -96,7 +97,9 @@ class Writer:
         spec is in place after it."""
         await self.specs.on_resources(self.resources)
         self.nodes[resource] = tuple(nodes)
-        self.specs.on_discovery({r.name: Discovery(self.nodes.get(r.name, ()), True) for r in self.resources})
+        self.specs.on_view(
+            build(self.resources, {r.name: Discovery(self.nodes.get(r.name, ()), True) for r in self.resources}, {})
+        )
         return self.specs.readiness()[0]
 
     def files(self) -> list[str]:

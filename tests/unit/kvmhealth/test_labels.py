@@ -11,13 +11,15 @@ from pathlib import Path
 import pytest
 
 from ate_devplugin.components import Notice
+from ate_devplugin.host.devices import Discovery
 from ate_devplugin.kvm import nfd
 from ate_devplugin.kvm.facts import DeviceFacts
 from ate_devplugin.kvm.probe import ProbeResult
 from ate_devplugin.kvm.reasons import Reason
 from ate_devplugin.kvmhealth.labels import FeatureFile
-from ate_devplugin.kvmstate import KvmState
+from ate_devplugin.kvmstate import KvmChanged, KvmState
 from ate_devplugin.tasks import Guard
+from ate_devplugin.view import View, build
 from tests.unit.kvmhealth.test_monitor import KVM, NODE, FakeProber, Harness, until
 
 DEVICE = DeviceFacts(12, {"max_vcpus": 1024}, "e4da580d", ("cx16", "la57"))
@@ -29,6 +31,11 @@ class LearningProber(FakeProber):
     async def probe(self, device: str, timeout: float) -> ProbeResult:
         result = await super().probe(device, timeout)
         return replace(result, device_facts=DEVICE) if result.passed else result
+
+
+def kvm_view(state: KvmState) -> View:
+    """A view of the KVM resource with this state (the feature file renders the state alone)."""
+    return build((KVM,), {KVM.name: Discovery(nodes=(), complete=False)}, {KVM.name: state})
 
 
 def labels(path: Path) -> dict[str, str]:
@@ -43,8 +50,10 @@ async def test_the_file_follows_the_verdicts(tmp_path: Path) -> None:
     file = FeatureFile(str(tmp_path / "features"), "ate.dev", 900)
 
     def heard(notice: Notice) -> None:
+        """As the daemon does: the state told, a view of it rendered."""
         h.heard(notice)
-        notice.deliver(file)
+        assert isinstance(notice, KvmChanged)
+        file.on_view(kvm_view(notice.states[KVM.name]))
 
     h.health.tell_to(heard)
     await h.start(KVM)
@@ -77,8 +86,8 @@ def test_a_directory_it_cannot_write_is_said_once(tmp_path: Path, caplog: pytest
     caplog.set_level(logging.WARNING)
     file = FeatureFile(str(tmp_path / "absent"), "ate.dev", 900)
     passed = ProbeResult("/dev/kvm", Reason.PASSED, "/dev/kvm: passed", 0.001, device_facts=DEVICE)
-    for _ in range(3):
-        file.on_kvm({KVM.name: KvmState("/dev/kvm", passed, NODE, DEVICE)})
+    for version in (12, 13, 14):  # three states told, each new labels and a write that fails
+        file.on_view(kvm_view(KvmState("/dev/kvm", passed, NODE, replace(DEVICE, api_version=version))))
     assert [r.getMessage().split(":")[0] for r in caplog.records] == ["cannot write the NFD feature file"]
 
 
@@ -88,14 +97,14 @@ async def test_the_labels_expire_unless_renewed_every_third_of_their_time(tmp_pa
     now = [1_800_000_000.0]
     file = FeatureFile(str(tmp_path), "ate.dev", 0.3, clock=lambda: now[0])
     passed = ProbeResult("/dev/kvm", Reason.PASSED, "/dev/kvm: passed", 0.001, device_facts=DEVICE)
-    file.on_kvm({KVM.name: KvmState("/dev/kvm", passed, NODE, DEVICE)})
+    file.on_view(kvm_view(KvmState("/dev/kvm", passed, NODE, DEVICE)))
 
     def expiry() -> str:
         return next(line for line in (tmp_path / nfd.FILE_NAME).read_text().splitlines() if "+expiry-time" in line)
 
     assert expiry() == "# +expiry-time=2027-01-15T08:00:00Z"  # 1_800_000_000 + 0.3 s, to the second
     now[0] += 100
-    file.on_kvm({KVM.name: KvmState("/dev/kvm", None, NODE, DEVICE)})  # a verdict: the time stays
+    file.on_view(kvm_view(KvmState("/dev/kvm", None, NODE, DEVICE)))  # a verdict: the time stays
     assert expiry() == "# +expiry-time=2027-01-15T08:00:00Z"
     await file.start((KVM,), Guard(lambda name, error: None))
     try:

@@ -33,6 +33,7 @@ from ate_devplugin.kvmstate import KvmChanged, KvmStates
 from ate_devplugin.observability.metrics import KvmMetrics
 from ate_devplugin.settings import KvmHealthSettings
 from ate_devplugin.tasks import Guard
+from ate_devplugin.view import build
 from tests.unit.cpu.samples import PVM_REGISTERS
 
 KVM = ResourceConfig(name="ate.dev/kvm", devices=("/dev/kvm",))
@@ -120,7 +121,7 @@ class Harness:
     def discover(self, major: int = 10, minor: int = 232) -> None:
         """What the daemon found of the KVM resource (``major`` 0: no node)."""
         nodes = (DeviceNode("/dev/kvm", major, minor),) if major else ()
-        self.health.on_discovery({KVM.name: Discovery(nodes=nodes, complete=bool(nodes))})
+        self.health.on_view(build((KVM,), {KVM.name: Discovery(nodes=nodes, complete=bool(nodes))}, {}))
 
     def sample(self, name: str, **labels: str) -> float | None:
         return self.registry.get_sample_value(name, {"resource_name": KVM.name, **labels})
@@ -168,12 +169,11 @@ async def test_a_kvm_node_is_probed_under_the_device_root_on_each_change(
     stopped.append(h)
     await h.start(KVM, TUN)  # the tun resource is judged by existence: never probed
     assert h.health.readiness() == (True, "")
-    h.health.on_discovery(
-        {
-            KVM.name: Discovery(nodes=(DeviceNode("/dev/kvm", 10, 232),), complete=True),
-            TUN.name: Discovery(nodes=(DeviceNode("/dev/net/tun", 10, 200),), complete=True),
-        }
-    )
+    found = {
+        KVM.name: Discovery(nodes=(DeviceNode("/dev/kvm", 10, 232),), complete=True),
+        TUN.name: Discovery(nodes=(DeviceNode("/dev/net/tun", 10, 200),), complete=True),
+    }
+    h.health.on_view(build((KVM, TUN), found, {}))
     assert h.health.readiness() == (True, "KVM probe: no verdict yet (ate.dev/kvm)")
     await until(lambda: len(h.told) == 1, "a verdict")
     assert prober.paths == [f"{h.root}/kvm"]

@@ -31,11 +31,17 @@ from ate_devplugin.podresources.rewrites import Rewrites
 from ate_devplugin.podresources.watch import DraDevices, PodResourcesWatch, asks_for_list
 from ate_devplugin.settings import PodResourcesSettings
 from ate_devplugin.tasks import Guard
+from ate_devplugin.view import View, build
 from tests.unit.fakes import KVM, TUN, FakeLister, claimed, pod, serve, until
 
 PRESENT = Discovery(nodes=(DeviceNode("/dev/kvm", 10, 232),), complete=True)
 ABSENT = Discovery(nodes=(), complete=False)
 RESOURCES = (ResourceConfig(name=KVM, devices=("/dev/kvm",)), ResourceConfig(name=TUN, devices=("/dev/net/tun",)))
+
+
+def view(found: dict[str, Discovery]) -> View:
+    """The daemon's view of the resources ``found`` holds."""
+    return build(tuple(r for r in RESOURCES if r.name in found), found, {})
 
 
 class Setup:
@@ -62,14 +68,14 @@ class Setup:
         self.found = {KVM: PRESENT}
 
     async def start(self) -> None:
-        """Started, and told of the first discovery (KVM present), as the daemon does."""
+        """Started, and shown the first view (KVM present), as the daemon does."""
         await self.watch.start(RESOURCES, self.guard)
-        self.watch.on_discovery(dict(self.found))
+        self.watch.on_view(view(self.found))
 
     def discovered(self, **found: Discovery) -> None:
         """The next discovery: ``kvm=ABSENT``, ``tun=PRESENT`` (the others as before)."""
         self.found.update({f"ate.dev/{name}": d for name, d in found.items()})
-        self.watch.on_discovery(dict(self.found))
+        self.watch.on_view(view(self.found))
 
     def units(self, namespace: str, name: str, container: str, resource: str = KVM) -> float | None:
         labels = {"resource_name": resource, "namespace": namespace, "pod": name, "container": container}
@@ -84,7 +90,7 @@ async def setup(tmp_path: Path) -> AsyncIterator[Setup]:
     s = Setup(tmp_path)
     server = await serve(s.socket, s.lister)
     await s.watch.on_resources(RESOURCES)  # unstarted: lists only when a test asks
-    s.watch.on_discovery(dict(s.found))
+    s.watch.on_view(view(s.found))
     try:
         yield s
     finally:
@@ -316,7 +322,7 @@ async def test_series_of_a_resource_no_longer_served_go(setup: Setup) -> None:
     await setup.watch.list_once()
     assert setup.value("ate_devplugin_pods_holding_units", resource_name=TUN) == 1
     await setup.watch.on_resources(RESOURCES[:1])
-    setup.watch.on_discovery({KVM: PRESENT})  # the discovery after a reload: tun is gone
+    setup.watch.on_view(view({KVM: PRESENT}))  # the view after a reload: tun is gone
     await setup.watch.list_once()
     assert setup.value("ate_devplugin_pods_holding_units", resource_name=TUN) is None
     assert setup.value("ate_devplugin_pods_on_unhealthy_device", resource_name=TUN) is None
