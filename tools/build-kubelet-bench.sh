@@ -8,6 +8,7 @@
 #   tools/build-kubelet-bench.sh --quick 1.37 what `make demo` builds: any up-to-date
 #                                             binary will do, else one built without the
 #                                             compiler's optimizations (see below)
+#   tools/build-kubelet-bench.sh --list       print the releases it would build, build nothing
 #
 # Output: build/kubelet-bench/kubelet-bench-<minor> (build/ is gitignored), e.g.
 # build/kubelet-bench/kubelet-bench-1.37. tests/harness/kubelet.py finds them
@@ -32,17 +33,21 @@ out_dir="${KUBELET_BENCH_DIR:-${repo_root}/build/kubelet-bench}"
 all_versions=(1.29 1.35 1.37)
 force=0
 quick=0
+list=0
 versions=()
 for arg in "$@"; do
     case "$arg" in
         --force) force=1 ;;
         --quick) quick=1 ;;
+        --list) list=1 ;;
         1.[0-9][0-9]) versions+=("$arg") ;;
-        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
-        *) echo "build-kubelet-bench.sh: unknown argument '$arg' (expected --force, --quick or a release such as 1.37)" >&2; exit 2 ;;
+        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+        *) echo "build-kubelet-bench.sh: unknown argument '$arg' (expected --force, --quick, --list or a release such as 1.37)" >&2; exit 2 ;;
     esac
 done
 [ ${#versions[@]} -eq 0 ] && versions=("${all_versions[@]}")
+# For tools/setup.sh, which builds (and times) one release a call.
+[ "$list" -eq 1 ] && { echo "${versions[@]}"; exit 0; }
 
 command -v go >/dev/null || { echo "build-kubelet-bench.sh: go not found on PATH" >&2; exit 1; }
 mkdir -p "$out_dir"

@@ -17,6 +17,15 @@ case "$what" in
   *) echo "setup.sh: unknown '$what' (expected demo, bench or test)" >&2; exit 2 ;;
 esac
 
+# One line a step, `setup: <step> took N s`, so a CI log shows where setup's time went.
+took() { echo "setup: $1 took $((SECONDS - $2)) s"; }
+step() {  # step NAME COMMAND...: run it (a failure still ends setup), then say how long
+  local name=$1 start=$SECONDS
+  shift
+  "$@"
+  took "$name" "$start"
+}
+
 apt_packages=(util-linux)
 if [ "$what" = test ]; then
   # prometheus (server + promtool) for the metrics, alert and dashboard tests; buildah,
@@ -34,6 +43,7 @@ if [ "$what" = test ]; then
   # npm for the Perses page; machines that bring their own Node.js keep it.
   command -v npm >/dev/null || apt_packages+=(nodejs npm)
 fi
+start=$SECONDS
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
@@ -51,44 +61,53 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   if [ "$made_policy" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
 fi
+took apt "$start"
 
 # Every Python dependency of the tests, bench and tools is in pyproject's dev extra, the
 # DRA driver's client (the dra extra) included. The demo imports only what the daemon does.
 extra="[dev]"
 [ "$what" = demo ] && extra=""
-python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -e ".${extra}"
+step pip python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore -e ".${extra}"
 
 if [ "$what" = demo ]; then
   # The demo runs the newest release only, and not for speed.
-  tools/build-kubelet-bench.sh --quick 1.37
+  step "kubelet bench 1.37" tools/build-kubelet-bench.sh --quick 1.37
 else
-  tools/build-kubelet-bench.sh
+  for release in $(tools/build-kubelet-bench.sh --list); do
+    step "kubelet bench $release" tools/build-kubelet-bench.sh "$release"
+  done
 fi
 if [ "$what" = test ]; then
   # Kubernetes 1.37 for tests/e2e (control plane and kubelet; about 490 CPU-seconds cold),
   # in the background while the chart tools install: checkov's venv waits on the network
   # and helm builds with -p 1, so the second core would idle. Its output follows at the end.
   k8s137_log="$(mktemp)"
+  k8s137_start=$(date +%s)
   tools/build-k8s.sh 1.37 >"$k8s137_log" 2>&1 &
   k8s137=$!
   trap 'kill "$k8s137" 2>/dev/null || true; rm -f "$k8s137_log"' EXIT
   # Chart tools outside the dev extra: checkov (own venv), helm v3 and v4.
-  tools/install-test-tools.sh --no-apt
+  step "helm and checkov" tools/install-test-tools.sh --no-apt
   # Kubernetes 1.35 for tests/e2e: the same and kubectl, the client of both releases.
-  tools/build-k8s.sh 1.35
+  step "k8s 1.35" tools/build-k8s.sh 1.35
   # containerd 2 (CDI) for the e2e clusters' second runtime; Debian's runc runs its pods.
-  tools/build-containerd.sh
+  step containerd tools/build-containerd.sh
   # node-feature-discovery (nfd-master, nfd-worker) for the e2e module that puts the
   # daemon's KVM facts on the Node as labels (tests/e2e/test_nfd_labels.py).
-  tools/build-nfd.sh
+  step nfd tools/build-nfd.sh
   # The Perses page's npm packages, exactly as locked; again only when the lock changed.
   page=tools/render-dashboards
+  start=$SECONDS
   if [ ! -e "$page/node_modules/.package-lock.json" ] || [ "$page/package-lock.json" -nt "$page/node_modules/.package-lock.json" ]; then
     (cd "$page" && npm ci --no-audit --no-fund --loglevel=error)
   fi
+  took npm "$start"
   status=0
   wait "$k8s137" || status=$?
   trap 'rm -f "$k8s137_log"' EXIT  # reaped: nothing left to kill
   cat "$k8s137_log"
+  # It ran beside the steps above: its time is to its log's last line (build-k8s.sh ends
+  # with one either way), not to when setup came to wait for it.
+  echo "setup: k8s 1.37 (background) took $(($(stat -c %Y "$k8s137_log") - k8s137_start)) s"
   [ "$status" -eq 0 ] || { echo "setup: tools/build-k8s.sh 1.37 failed ($status)" >&2; exit 1; }
 fi

@@ -44,9 +44,6 @@ NIC = re.compile(r"ate-e2e guest: virtio device 1af4:(?P<device>[0-9a-f]{4}) on 
 VIRTIO_NET = "1000"  # virtio-net's (transitional) PCI device ID
 BOOTED = 67  # (0x21 << 1) | 1: the guest found its NIC
 NO_KVM = "Could not access KVM kernel module: No such file or directory"
-#: QEMU boots the guest in 1.4-3.3 s unthrottled on these machines (16 s under a 100m
-#: CPU limit): a run longer than this is a throttled or stuck VMM.
-BOUND_S = 10.0
 
 # Run in the init container as `sh -c INIT_REPORT tap <its command>`: its capabilities, then the command.
 INIT_REPORT = r"""
@@ -223,9 +220,11 @@ class QemuRun:
         ms = self.facts().get("ms")
         return int(ms) / 1000 if ms is not None else None
 
-    def booted(self, bound_s: float = BOUND_S) -> bool:
+    def booted(self) -> bool:
         """The guest ran to its end: marker, a virtio-net NIC, QEMU's exit code 67 (in the
-        report and, once the container ended, as its exit code), within ``bound_s``."""
+        report and, once the container ended, as its exit code). How long QEMU took is
+        not judged (a busy machine took 11.9 s where 3 s is usual; speed is bench/'s): a
+        hung QEMU never reports its exit, and the pod waits that read the run time out."""
         nic = NIC.search(self.logs)
         return (
             self.marker
@@ -233,8 +232,6 @@ class QemuRun:
             and nic.group("device") == VIRTIO_NET
             and self.qemu_exit == BOOTED
             and self.exit_code in (None, BOOTED)
-            and self.seconds is not None
-            and self.seconds <= bound_s
         )
 
     def summary(self) -> str:

@@ -99,7 +99,7 @@ def test_a_guest_that_never_exits_is_interrupted_by_the_probes_own_deadline() ->
     result = check(KVM, 0.3, code=SPIN)
     assert result.reason is Reason.TIMED_OUT
     assert result.message == f"{KVM}: no answer within 0.3s (the guest's exits so far: none)"
-    assert 0.3 <= time.monotonic() - start < 2
+    assert 0.3 <= time.monotonic() - start < 60  # a hang bound (the guest spins for ever), not a speed one
     assert check(KVM, 5).passed  # this process's KVM is none the worse
 
 
@@ -119,7 +119,7 @@ async def test_a_child_hung_in_kvm_run_is_killed_at_the_parents_deadline() -> No
         await prober.close()
     assert result.reason is Reason.TIMED_OUT
     assert result.message == f"{KVM}: no answer within 0.5s: the probe process was killed"
-    assert took < 0.5 + prober.kill_wait_s + 0.5
+    assert took < 60  # a hang bound: the child spins for ever unless killed
     assert prober.abandoned == []  # KVM_RUN ends on SIGKILL: nothing left behind
 
 

@@ -230,7 +230,7 @@ async def test_stop_is_bounded_when_the_task_swallows_cancellation(world: World)
     loop = asyncio.get_running_loop()
     begin = loop.time()
     assert not await agent.stop()
-    assert loop.time() - begin < TIMING.agent_stop_s + 1.0
+    assert loop.time() - begin < 30  # a hang bound: the stubborn task never ends by itself
     assert world.server.stops == 1
     released.set()
     await agent.task

@@ -61,8 +61,8 @@ def test_a_node_under_a_directory_one_cannot_search_is_no_permission(tmp_path: P
 def test_the_deadline_interrupts_what_blocks_and_only_within_its_block() -> None:
     start = time.monotonic()
     with pytest.raises(Deadline), deadline(0.05):
-        time.sleep(5)  # a blocking call in the kernel, as KVM_RUN is
-    assert time.monotonic() - start < 2
+        time.sleep(60)  # a blocking call in the kernel, as KVM_RUN is
+    assert time.monotonic() - start < 30  # a hang bound, under the sleep: not a speed one
     with deadline(0.05):
         pass
     time.sleep(0.1)  # disarmed: nothing fires after the block

