@@ -5,6 +5,8 @@ changed profile is a changed config (so a reload applies it)."""
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,7 @@ from ate_devplugin.config import (
     read_again,
     restore_profile,
 )
+from ate_devplugin.config.rules import MAX_HINTS
 from ate_devplugin.config.schema import RESTORE_PROFILES
 from ate_devplugin.cpu.features import FEATURES
 from ate_devplugin.cpu.restore import SCALING, SCALING_ACCEPT, SCALING_REQUIRE, RestoreProfile, TscRule
@@ -211,3 +214,39 @@ def test_a_changed_profile_is_a_changed_config(tmp_path: Path) -> None:
     assert isinstance(changed, tuple)
     assert changed != running
     assert changed[0].restore_profiles[1].tsc == TscRule(2_900_000)  # q3_2026
+
+
+def test_tens_of_thousands_of_wrong_feature_names_get_few_hints(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each "did you mean" scans the whole feature table: a file of ~48,000 wrong names took
+    a minute to reject, and a live reload gives up after seconds. Only the first few are
+    suggested for; the error still names the first field, and counts the rest."""
+    asked: list[str] = []
+    real = difflib.get_close_matches
+
+    def counted(word: str, possibilities: Iterable[str], n: int = 3, cutoff: float = 0.6) -> list[str]:
+        asked.append(word)
+        return real(word, possibilities, n, cutoff)
+
+    monkeypatch.setattr(difflib, "get_close_matches", counted)
+    resources = [
+        {
+            "name": f"ate.dev/kvm{r}",
+            "devices": ["/dev/kvm"],
+            "units": 8,
+            "restore_profiles": {f"p{p}": {"features": ["avx_2", *(f"zz{r}_{p}_{i}" for i in range(999))]}
+                                 for p in range(MAX_RESTORE_PROFILES)},
+        }
+        for r in range(6)
+    ]  # fmt: skip
+    with pytest.raises(ConfigError) as refused:
+        parse_resources(yaml.safe_dump({"resources": resources}))
+    error = refused.value
+    assert len(error.problems) + error.omitted == 6 * MAX_RESTORE_PROFILES * 1000
+    assert str(error.problems[0]) == (
+        "resources[0].restore_profiles.p0.features[0]: is not a CPUID feature: /proc/cpuinfo's name, or "
+        "cpuid_<leaf in hex>_<subleaf>_<register>_<bit> (got 'avx_2') (hint: did you mean 'avx2'?)"
+    )
+    assert len(asked) == MAX_HINTS
+    asked.clear()  # the budget is the check's, not the process's: the next file has its own
+    _problems("{q3: {features: [avx_2]}}")
+    assert asked == ["avx_2"]
