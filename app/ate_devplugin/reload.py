@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ate_devplugin import config
-from ate_devplugin.config import ConfigError, ResourceConfig
+from ate_devplugin.config import ConfigError, ResourceConfig, profile_warnings
 from ate_devplugin.observability.logs import SaidOnce
 from ate_devplugin.observability.metrics import Metrics
 from ate_devplugin.tasks import Worker, WorkerBusyError
@@ -89,7 +89,11 @@ class ConfigReader:
             self._rejected(resources)
             return None
         self.metrics.config_rejected.set(0)
-        return None if resources == running else resources
+        if resources == running:
+            return None
+        for warning in profile_warnings(resources):
+            log.warning("config reload: %s", warning)
+        return resources
 
     async def _call(self, fn: Callable[[], T]) -> T:
         """``fn`` in the worker, within the timeout; one that times out is left running on

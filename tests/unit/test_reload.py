@@ -5,6 +5,7 @@ out never depends on the clock, and the valid file's read gets a generous timeou
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,3 +99,22 @@ async def test_reads_that_all_hang_cost_a_bounded_number_of_threads(tmp_path: Pa
         await asyncio.sleep(0.05)
     assert resources is not None
     assert resources[0].units == 8
+
+
+async def test_a_profile_that_no_node_can_match_is_warned_about_on_reload(
+    tmp_path: Path, slow: SlowChecker, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "resources: [{name: ate.dev/kvm, devices: [/dev/kvm], restore_profiles: "
+        "{amd: {vendor: GenuineIntel, kvm_implementations: [svm]}}}]\n"
+    )
+    reader, _ = reader_of(path, slow)
+    reader.timeout_s = LONG_S
+    with caplog.at_level(logging.WARNING, "ate_devplugin.reload"):
+        resources = await reader.read(config.parse_resources(RUNNING))
+    assert resources is not None  # a warning, not a rejection
+    assert [r.getMessage() for r in caplog.records] == [
+        "config reload: resources[0].restore_profiles.amd.kvm_implementations: cannot match any node: KVM on a "
+        "GenuineIntel CPU is vmx or pvm, never svm"
+    ]

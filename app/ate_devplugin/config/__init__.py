@@ -20,9 +20,11 @@ from ate_devplugin.config.checks import (
     cdi_name_problem,
     check_across,
     profile_entry,
+    profile_warnings,
     resource_from,
     resources_from_document,
     restore_profile,
+    restore_profile_warnings,
     template_effect,
 )
 from ate_devplugin.config.errors import EXIT_CONFIG, MAX_PROBLEMS, ConfigError, Problem, Problems, config_error
@@ -123,12 +125,14 @@ __all__ = [
     "max_units",
     "parse_resources",
     "profile_entry",
+    "profile_warnings",
     "read_again",
     "read_bounded",
     "read_config_file",
     "resource_from",
     "resources_from_document",
     "restore_profile",
+    "restore_profile_warnings",
     "socket_name",
     "template_effect",
 ]

@@ -72,6 +72,7 @@ class Text:
     description: str = ""
     numbers: bool = False  # a number is taken as its text (env values)
     choices: tuple[str, ...] = ()  # the only values (for the hint; the patterns say it)
+    noun: str = ""  # with it, ``choices`` are the only values: "unknown <noun> 'x' (expected a or b)"
 
     def check(self, raw: Any, where: str) -> str:
         if self.numbers and isinstance(raw, (int, float)) and not isinstance(raw, bool):
@@ -84,12 +85,18 @@ class Text:
         if not isinstance(raw, str):
             kind = "a string or a number" if self.numbers else "a string"
             raise ConfigError(where, f"must be {kind} (got {shown(raw)})", self._unquoted(raw))
+        if self.noun and raw not in self.choices:  # a wrong choice, not one too many characters
+            raise ConfigError(where, self._not_a_choice(raw), _near(raw, self.choices))
         if len(raw) > self.max_chars:
             raise ConfigError(where, f"must be at most {self.max_chars} characters (got {len(raw)})")
         for p in self.patterns:
             if not p.holds(raw):
                 raise ConfigError(where, f"{p.problem} (got {shown(raw)})", _near(raw, self.choices))
         return raw
+
+    def _not_a_choice(self, raw: str) -> str:
+        *first, last = self.choices
+        return f"unknown {self.noun} {shown(raw)} (expected {', '.join(first)} or {last})"
 
     def _fits(self, text: str) -> bool:
         return len(text) <= self.max_chars and all(p.holds(text) for p in self.patterns)
