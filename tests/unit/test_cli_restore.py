@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 from _pytest.capture import CaptureResult
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ate_devplugin.cli import main
 from ate_devplugin.cpu.profile import CpuProfile, Tsc
@@ -269,3 +271,63 @@ def test_profiles_no_node_can_match_are_warned_about_by_the_commands(
     assert capsys.readouterr().err.startswith(
         "ate-devplugin: warning: loose.tsc.tolerance_ppm: 1000000 ppm lets almost any TSC frequency pass"
     )
+
+
+# --- fuzzed profile files through the commands: a profile, or one line and exit 2 ---------
+
+_json_junk = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=12)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(
+            st.sampled_from(
+                [
+                    "format",
+                    "version",
+                    "architecture",
+                    "vendor",
+                    "family",
+                    "tsc",
+                    "khz",
+                    "scaling",
+                    "cpuid",
+                    "features",
+                    "0x7.0.ebx",
+                    "kvm_implementation",
+                    "x",
+                ]
+            ),
+            inner,
+            max_size=4,
+        ),
+    ),
+    max_leaves=10,
+)
+_mutated_profile = st.builds(
+    lambda key, value: {**PVM.to_json(), key: value},
+    st.sampled_from(sorted(PVM.to_json())),
+    _json_junk,
+)
+_raw_bytes = st.one_of(st.binary(max_size=200), st.text(max_size=200).map(str.encode))
+
+
+@settings(max_examples=150, derandomize=True, database=None, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(content=st.one_of(_json_junk.map(lambda d: json.dumps(d).encode()),
+                         _mutated_profile.map(lambda d: json.dumps(d).encode()), _raw_bytes))  # fmt: skip
+def test_fuzzed_profile_files_are_read_or_refused_in_one_line(
+    content: bytes, tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path_factory.mktemp("fuzz") / "profile.json"
+    path.write_bytes(content)
+    code = main(["restore-profile", "--name", "q3", "--no-tsc", str(path)])
+    captured = capsys.readouterr()
+    if code == 0:
+        assert yaml.safe_load(captured.out)["q3"] is not None
+        return
+    assert code == 2, captured.err
+    (line,) = captured.err.splitlines()
+    assert line.startswith(f"ate-devplugin: config error: {path}") or line.startswith(
+        "ate-devplugin: config error: restore-profile: "
+    ), line  # a valid profile with no CPUID or the like: no profile of it, said as such
+    assert captured.out == ""
