@@ -3,8 +3,9 @@ restore-profile | restorable | version.
 
 Arguments become Settings here; runtime.py builds and runs the daemon from them, and is
 imported only by ``run``: the other commands load neither gRPC nor the metrics.
-Exit codes: 0 done, 1 runtime failure, 2 bad configuration or usage (one line per
-problem, no traceback).
+Exit codes: 0 done, 1 runtime failure, 2 bad configuration, input file or usage (one
+line per problem, no traceback); restorable says 1 for "not restorable" and 3 when the
+probe failed.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from typing import TYPE_CHECKING
 
 from ate_devplugin import __version__
 from ate_devplugin.config import (
+    EXIT_CONFIG,
     MAX_CONFIG_BYTES,
+    MAX_JSON_DEPTH,
     ConfigError,
     Problem,
     config_error,
@@ -38,6 +41,9 @@ if TYPE_CHECKING:
 
 STDIN = "-"
 MAX_VERIFY_TIMEOUT_S = 300.0
+# restorable's answers: all restorable, one is not, bad input (EXIT_CONFIG), no probe.
+EXIT_RESTORABLE, EXIT_NOT_RESTORABLE, EXIT_NOT_PROBED = 0, 1, 3
+_JSON_INPUT = f"at most {MAX_CONFIG_BYTES} bytes and {MAX_JSON_DEPTH} levels deep"
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -159,13 +165,18 @@ def _add_restore_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
         description="Print a restore profile for the config file's restore_profiles: of one recorded profile "
         "(what that snapshot's host offered), or of several (the pool's baseline: the features all offer, their "
         "vendor and KVM implementations, a TSC rule all pass), narrowed by a Firecracker CPU template if given. "
-        "Recorded nodes the profile does not serve are warned about. Exit 2, one line naming the file and the "
-        "field, when there is no such profile.",
+        "Recorded nodes the profile does not serve, and a profile no node can match, are warned about on stderr. "
+        "Exit 0 printed; 2, one line naming the file and the field, on a bad input file (missing, too large, not "
+        "JSON, too deep, a wrong field) or when there is no such profile.",
         formatter_class=_Formatter,
     )
-    build.add_argument("profiles", nargs="+", metavar="PROFILE.json", help="profiles printed by cpu-profile")
+    build.add_argument(
+        "profiles", nargs="+", metavar="PROFILE.json", help=f"profiles printed by cpu-profile ({_JSON_INPUT})"
+    )
     build.add_argument("--name", required=True, help="the profile's name (a-z, 0-9 and _)")
-    build.add_argument("--cpu-template", metavar="FILE", help="a Firecracker custom CPU template (JSON, x86)")
+    build.add_argument(
+        "--cpu-template", metavar="FILE", help=f"a Firecracker custom CPU template (JSON, x86; {_JSON_INPUT})"
+    )
     build.add_argument("--no-tsc", action="store_true", help="leave the TSC rule out")
     build.add_argument(
         "--tolerance-ppm",
@@ -178,12 +189,16 @@ def _add_restore_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
         "restorable",
         help="say whether this node (or a recorded one) can restore each configured profile, and why not",
         description="Judge every restore profile of the config file against a recorded CPU profile (--profile) or "
-        "this node's (a probe of --device), one line each. Exit 0 when every one is restorable, 1 when one is "
-        "not, 2 on a bad config or usage.",
+        "this node's (a probe of --device), one line each; profiles no node can match are warned about on stderr. "
+        f"Exit {EXIT_RESTORABLE} when every one is restorable, {EXIT_NOT_RESTORABLE} when one is not, "
+        f"{EXIT_CONFIG} on a bad config, profile file or usage (one line naming the file and what is wrong), "
+        f"{EXIT_NOT_PROBED} when the probe of --device failed (nothing was judged).",
         formatter_class=_Formatter,
     )
     check.add_argument("--config", required=True, metavar="FILE", help="the config file")
-    check.add_argument("--profile", metavar="PROFILE.json", help="a recorded profile instead of a probe")
+    check.add_argument(
+        "--profile", metavar="PROFILE.json", help=f"a recorded profile instead of a probe ({_JSON_INPUT})"
+    )
     _device_options(check)
 
 
@@ -284,8 +299,9 @@ def cpu_profile(device: str, timeout_text: str) -> int:
     return 0
 
 
-def _probed_profile(command: str, device: str, timeout_text: str) -> CpuProfile | int:
-    """This node's CPU profile, of a probe of ``device``; else the exit code (said on stderr)."""
+def _probed_profile(command: str, device: str, timeout_text: str, failed: int = 1) -> CpuProfile | int:
+    """This node's CPU profile, of a probe of ``device``; else the exit code (said on stderr):
+    2 for a bad --timeout, ``failed`` when the probe fails."""
     from ate_devplugin.kvm.facts import cpu_profile as make_profile
     from ate_devplugin.kvm.runner import probe_once
 
@@ -295,36 +311,32 @@ def _probed_profile(command: str, device: str, timeout_text: str) -> CpuProfile 
     result = asyncio.run(probe_once(device, timeout))
     if not result.passed or result.device_facts is None:
         print(f"ate-devplugin: {command}: FAIL {result.reason}: {result.message}", file=sys.stderr)
-        return 1
+        return failed
     return make_profile(read_node_facts(), result.device_facts)
 
 
 def _recorded(path: str) -> CpuProfile:
     """A profile printed by cpu-profile; raises ConfigError naming the file and the field."""
+    from ate_devplugin.config import read_json
     from ate_devplugin.cpu.profile import CpuProfile, ProfileError
 
     try:
-        return CpuProfile.from_json(_json(path))
+        return CpuProfile.from_json(read_json(path))
     except ProfileError as exc:
         raise ConfigError(f"{path}: {exc.field}" if exc.field else path, exc.problem) from None
-
-
-def _json(path: str) -> object:
-    """A JSON file, bounded as the config file is; raises ConfigError naming it."""
-    import json
-
-    from ate_devplugin.config import read_config_file
-
-    try:
-        return json.loads(read_config_file(path))
-    except ValueError as exc:
-        raise ConfigError(path, f"not JSON: {exc}") from None
 
 
 def restore_profile(name: str, paths: Sequence[str], template_path: str | None, tsc: bool, tolerance_ppm: int) -> int:
     import yaml
 
-    from ate_devplugin.config import CPU_TEMPLATE, RESTORE_PREFIX, profile_entry, template_effect
+    from ate_devplugin.config import (
+        CPU_TEMPLATE,
+        RESTORE_PREFIX,
+        profile_entry,
+        read_json,
+        restore_profile_warnings,
+        template_effect,
+    )
     from ate_devplugin.config.schema import RESTORE_PROFILES
     from ate_devplugin.cpu.restore import PPM, BaselineError, baseline
     from ate_devplugin.cpu.restore import restorable as judge
@@ -336,7 +348,7 @@ def restore_profile(name: str, paths: Sequence[str], template_path: str | None, 
         recorded = [(path, _recorded(path)) for path in paths]
         effect = None
         if template_path is not None:
-            effect = template_effect(CPU_TEMPLATE.check(_json(template_path), template_path))
+            effect = template_effect(CPU_TEMPLATE.check(read_json(template_path), template_path))
         try:
             profile = baseline(name, recorded, effect, tsc, tolerance_ppm)
         except BaselineError as exc:
@@ -348,6 +360,7 @@ def restore_profile(name: str, paths: Sequence[str], template_path: str | None, 
     for path, node in recorded:
         if not (answer := judge(profile, node)).restorable:
             print(f"ate-devplugin: warning: {path}: {answer}", file=sys.stderr)
+    warn(restore_profile_warnings(profile, name))
     said = f"the baseline of {len(paths)} recorded profiles" if len(paths) > 1 else "1 recorded profile"
     head = [f"# {RESTORE_PREFIX}{name}: built by ate-devplugin restore-profile of {said}"]
     if effect is not None:
@@ -359,6 +372,7 @@ def restore_profile(name: str, paths: Sequence[str], template_path: str | None, 
 
 
 def restorable(config_path: str, profile_path: str | None, device: str, timeout_text: str) -> int:
+    from ate_devplugin.config import profile_warnings
     from ate_devplugin.cpu.restore import restorable as judge
 
     try:
@@ -366,19 +380,20 @@ def restorable(config_path: str, profile_path: str | None, device: str, timeout_
         node = _recorded(profile_path) if profile_path else None
     except ConfigError as exc:
         return config_error(exc)
+    warn(profile_warnings(resources))
     judged = [(r.name, p) for r in resources for p in r.restore_profiles]
     if not judged:
         print(f"{config_path}: no restore profiles")
-        return 0
+        return EXIT_RESTORABLE
     if node is None:
-        probed = _probed_profile("restorable", device, timeout_text)
+        probed = _probed_profile("restorable", device, timeout_text, EXIT_NOT_PROBED)
         if isinstance(probed, int):
             return probed
         node = probed
     answers = [(resource, judge(p, node)) for resource, p in judged]
     for resource, answer in answers:
         print(f"{resource} {answer}")
-    return 0 if all(a.restorable for _, a in answers) else 1
+    return EXIT_RESTORABLE if all(a.restorable for _, a in answers) else EXIT_NOT_RESTORABLE
 
 
 def warn(problems: Iterable[Problem]) -> None:

@@ -20,14 +20,17 @@ from ate_devplugin.config.checks import (
     cdi_name_problem,
     check_across,
     profile_entry,
+    profile_warnings,
     resource_from,
     resources_from_document,
     restore_profile,
+    restore_profile_warnings,
     template_effect,
 )
 from ate_devplugin.config.errors import EXIT_CONFIG, MAX_PROBLEMS, ConfigError, Problem, Problems, config_error
 from ate_devplugin.config.files import (
     MAX_CONFIG_BYTES,
+    MAX_JSON_DEPTH,
     MAX_YAML_NODES,
     decode,
     decode_resources,
@@ -37,6 +40,7 @@ from ate_devplugin.config.files import (
     read_again,
     read_bounded,
     read_config_file,
+    read_json,
 )
 from ate_devplugin.config.model import (
     ALLOCATE_BOTH,
@@ -91,6 +95,7 @@ __all__ = [
     "MAX_ENV_NAME_CHARS",
     "MAX_ENV_VALUE_CHARS",
     "MAX_ID",
+    "MAX_JSON_DEPTH",
     "MAX_MESSAGE_BYTES",
     "MAX_MOUNTS",
     "MAX_NAME_PART_CHARS",
@@ -123,12 +128,15 @@ __all__ = [
     "max_units",
     "parse_resources",
     "profile_entry",
+    "profile_warnings",
     "read_again",
     "read_bounded",
     "read_config_file",
+    "read_json",
     "resource_from",
     "resources_from_document",
     "restore_profile",
+    "restore_profile_warnings",
     "socket_name",
     "template_effect",
 ]

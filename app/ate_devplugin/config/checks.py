@@ -8,10 +8,11 @@ names defined once on the node). The chart carries the same rules in ``_deviceco
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ate_devplugin.config.errors import ConfigError, Problems
+from ate_devplugin.config.errors import ConfigError, Problem, Problems
 from ate_devplugin.config.model import (
     ALLOCATE_DEVICES,
     CONFIG_VERSION,
@@ -106,6 +107,51 @@ def restore_profile(name: str, m: dict[str, Any]) -> RestoreProfile:
         kvm_implementations=frozenset(m.get("kvm_implementations", ())),
         tsc=None if tsc is None else TscRule(**tsc),  # its keys are the rule's fields
     )
+
+
+# What no node offers: the KVM implementations a vendor's CPU runs (pvm needs no hardware
+# virtualization), and the other vendor's virtualization feature.
+_IMPLEMENTATIONS_OF = {
+    "GenuineIntel": ("vmx", "pvm"),
+    "CentaurHauls": ("vmx", "pvm"),
+    "AuthenticAMD": ("svm", "pvm"),
+    "HygonGenuine": ("svm", "pvm"),
+}
+_VIRTUALIZATION_OF = {"vmx": ("GenuineIntel", "CentaurHauls"), "svm": ("AuthenticAMD", "HygonGenuine")}
+# Beyond 10 % a TSC rule no longer says which frequency a snapshot needs (KVM's own
+# tolerance is 250 ppm); 1000000 ppm lets any frequency from 0 to twice the node's pass.
+MAX_MEANINGFUL_PPM = 100_000
+
+
+def profile_warnings(resources: Sequence[ResourceConfig]) -> Iterator[Problem]:
+    """Valid restore profiles that no node can match, or whose TSC rule says nothing."""
+    for i, r in enumerate(resources):
+        for p in r.restore_profiles:
+            yield from restore_profile_warnings(p, f"resources[{i}].restore_profiles.{p.name}")
+
+
+def restore_profile_warnings(profile: RestoreProfile, where: str) -> Iterator[Problem]:
+    vendor, implementations = profile.vendor, profile.kvm_implementations
+    if vendor and implementations and not implementations & set(_IMPLEMENTATIONS_OF.get(vendor, implementations)):
+        runs = " or ".join(_IMPLEMENTATIONS_OF[vendor])
+        said = " or ".join(sorted(implementations))
+        yield Problem(
+            f"{where}.kvm_implementations",
+            f"cannot match any node: KVM on a {vendor} CPU is {runs}, never {said}",
+        )
+    for feature, vendors in _VIRTUALIZATION_OF.items():
+        if vendor and feature in profile.features and vendor not in vendors:
+            yield Problem(
+                f"{where}.features",
+                f"cannot match any node: {feature} is the virtualization of {' and '.join(vendors)} CPUs, not {vendor}",
+            )
+    if profile.tsc is not None and profile.tsc.tolerance_ppm > MAX_MEANINGFUL_PPM:
+        yield Problem(
+            f"{where}.tsc.tolerance_ppm",
+            f"{profile.tsc.tolerance_ppm} ppm lets almost any TSC frequency pass: above {MAX_MEANINGFUL_PPM} the "
+            "rule says nothing",
+            "KVM's own tolerance is 250 ppm; leave khz out to accept any frequency",
+        )
 
 
 def profile_entry(profile: RestoreProfile) -> dict[str, Any]:

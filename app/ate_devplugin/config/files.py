@@ -6,7 +6,9 @@ Everything here blocks and is safe to run in a worker thread.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -20,6 +22,9 @@ from ate_devplugin.config.model import DEFAULT_RESOURCES, ResourceConfig
 # (aliases counted expanded) than this.
 MAX_CONFIG_BYTES = 1024 * 1024
 MAX_YAML_NODES = 50_000
+# A CPU profile or a Firecracker template is 4 levels deep; Python's decoder recurses, and
+# a file of thousands of '[' ended in a RecursionError (a traceback, exit 1).
+MAX_JSON_DEPTH = 32
 
 
 def read_config_file(path: Path | str) -> bytes:
@@ -75,6 +80,48 @@ def _kind(mode: int) -> str:
     kinds = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO", stat.S_ISCHR: "a character device"}
     kinds |= {stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket"}
     return next((name for test, name in kinds.items() if test(mode)), "not a file")
+
+
+def read_json(path: Path | str) -> object:
+    """A JSON file the commands read (a CPU profile, a template), bounded as the config file
+    is and at most MAX_JSON_DEPTH deep; raises ConfigError naming the file and what is wrong."""
+    where = str(path)
+    data = read_config_file(path)  # missing, not a file, too large: said as such
+    if not data.strip():
+        raise ConfigError(where, "is empty: not JSON")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(where, "is not UTF-8 text: not JSON") from None
+    if (depth := _json_depth(text)) > MAX_JSON_DEPTH:
+        raise ConfigError(where, f"is nested {depth} deep: at most {MAX_JSON_DEPTH} levels")
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:  # the scan's count is the decoder's; this is a last guard
+        raise ConfigError(where, f"is nested too deeply: at most {MAX_JSON_DEPTH} levels") from None
+    except ValueError as exc:  # JSONDecodeError, NaN, or an integer of more digits than Python converts
+        said = "a number of thousands of digits" if "integer string conversion" in str(exc) else str(exc)
+        raise ConfigError(where, f"not JSON: {said}") from None
+
+
+# A string (to its end, or the text's: each character is looked at once) or a bracket.
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]++|\\.)*+"?|[\[\]{}]')
+
+
+def _json_depth(text: str) -> int:
+    """How deep the brackets outside strings nest (of text that may not be JSON at all)."""
+    depth = deepest = 0
+    for token in _JSON_TOKENS.findall(text):
+        if token in ("[", "{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in ("]", "}"):
+            depth = max(0, depth - 1)
+    return deepest
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a number JSON allows")
 
 
 def load_resources(path: Path) -> tuple[ResourceConfig, ...]:

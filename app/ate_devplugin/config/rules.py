@@ -12,15 +12,36 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from ate_devplugin.config.errors import ConfigError, Problems, shown
+from ate_devplugin.config.errors import MAX_PROBLEMS, ConfigError, Problems, shown
 
 # Hints for what YAML makes of a value written without quotes or left out.
 _EMPTY = "nothing follows the colon, and YAML reads that as null"
 _BOOLEAN = "YAML reads an unquoted yes, no, on, off, true or false as a boolean: write it in quotes"
+
+# A "did you mean" compares the word with every known name (difflib): tens of thousands of
+# wrong names took a minute, and no more than MAX_PROBLEMS problems are ever shown. So the
+# outermost check of a value (a whole file) suggests for its first MAX_HINTS wrong words only.
+MAX_HINTS = MAX_PROBLEMS
+_hints_left: ContextVar[list[int] | None] = ContextVar("hints_left", default=None)
+
+
+@contextmanager
+def _hint_budget() -> Iterator[None]:
+    """Opens the budget of hints when no check around this one did."""
+    if _hints_left.get() is not None:
+        yield
+        return
+    token = _hints_left.set([MAX_HINTS])
+    try:
+        yield
+    finally:
+        _hints_left.reset(token)
 
 
 @dataclass(frozen=True)
@@ -51,6 +72,7 @@ class Text:
     description: str = ""
     numbers: bool = False  # a number is taken as its text (env values)
     choices: tuple[str, ...] = ()  # the only values (for the hint; the patterns say it)
+    noun: str = ""  # with it, ``choices`` are the only values: "unknown <noun> 'x' (expected a or b)"
 
     def check(self, raw: Any, where: str) -> str:
         if self.numbers and isinstance(raw, (int, float)) and not isinstance(raw, bool):
@@ -63,12 +85,18 @@ class Text:
         if not isinstance(raw, str):
             kind = "a string or a number" if self.numbers else "a string"
             raise ConfigError(where, f"must be {kind} (got {shown(raw)})", self._unquoted(raw))
+        if self.noun and raw not in self.choices:  # a wrong choice, not one too many characters
+            raise ConfigError(where, self._not_a_choice(raw), _near(raw, self.choices))
         if len(raw) > self.max_chars:
             raise ConfigError(where, f"must be at most {self.max_chars} characters (got {len(raw)})")
         for p in self.patterns:
             if not p.holds(raw):
                 raise ConfigError(where, f"{p.problem} (got {shown(raw)})", _near(raw, self.choices))
         return raw
+
+    def _not_a_choice(self, raw: str) -> str:
+        *first, last = self.choices
+        return f"unknown {self.noun} {shown(raw)} (expected {', '.join(first)} or {last})"
 
     def _fits(self, text: str) -> bool:
         return len(text) <= self.max_chars and all(p.holds(text) for p in self.patterns)
@@ -157,6 +185,10 @@ class Items:
     one_as_list: bool = False  # a single string stands for a list of one
 
     def check(self, raw: Any, where: str) -> list[Any]:
+        with _hint_budget():
+            return self._check(raw, where)
+
+    def _check(self, raw: Any, where: str) -> list[Any]:
         if self.one_as_list and isinstance(raw, str):
             raw = [raw]
         if not isinstance(raw, list):
@@ -208,6 +240,10 @@ class Table:
     description: str = ""
 
     def check(self, raw: Any, where: str) -> dict[str, Any]:
+        with _hint_budget():
+            return self._check(raw, where)
+
+    def _check(self, raw: Any, where: str) -> dict[str, Any]:
         if not isinstance(raw, dict):
             hint = _EMPTY if raw is None else "write NAME: value entries, not a list" if isinstance(raw, list) else ""
             raise ConfigError(where, "must be a mapping of names to values", hint)
@@ -264,6 +300,10 @@ class Record:
     description: str = ""
 
     def check(self, raw: Any, where: str) -> dict[str, Any]:
+        with _hint_budget():
+            return self._check(raw, where)
+
+    def _check(self, raw: Any, where: str) -> dict[str, Any]:
         if not isinstance(raw, dict):
             required = [k for k, f in self.fields.items() if f.required]
             hint = _EMPTY if raw is None else ""
@@ -330,7 +370,13 @@ Rule = Text | Integer | Flag | Items | Table | Unsupported | Record | Then
 
 
 def _near(word: str, known: tuple[str, ...]) -> str:
-    """'did you mean ...?' for a word close to one of ``known`` (letter case aside)."""
+    """'did you mean ...?' for a word close to one of ``known`` (letter case aside), while
+    the budget of the check lasts."""
+    left = _hints_left.get()
+    if left is not None:
+        if left[0] <= 0:
+            return ""
+        left[0] -= 1
     close = difflib.get_close_matches(word.lower(), known, n=1, cutoff=0.6) if len(word) <= 80 else []
     return f"did you mean {close[0]!r}?" if close else ""
 

@@ -60,12 +60,14 @@ _NORMAL = "must be a normal path: no '.', '..' or empty parts, no trailing '/'"
 _LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
 
 
-def _choice(choices: tuple[str, ...], description: str) -> Text:
+def _choice(choices: tuple[str, ...], description: str, noun: str) -> Text:
+    """One of ``choices``; anything else is "unknown <noun> 'x' (expected ...)", at any length."""
     return Text(
         (_NO_CONTROL, Pattern("|".join(choices), f"must be one of {', '.join(choices)}")),
         max(len(c) for c in choices),
         description,
         choices=choices,
+        noun=noun,
     )
 
 
@@ -168,7 +170,9 @@ CPU_TEMPLATE = Record(
                             Items(
                                 Record(
                                     {
-                                        "register": Field(_choice(REGISTER_NAMES, "Register."), required=True),
+                                        "register": Field(
+                                            _choice(REGISTER_NAMES, "Register.", "register"), required=True
+                                        ),
                                         "bitmap": Field(
                                             Text(
                                                 (_NO_CONTROL, Pattern(BITMAP_PATTERN, _BITMAP)),
@@ -216,10 +220,10 @@ RESTORE_PROFILE = Record(
             )
         ),
         "cpu_template": Field(CPU_TEMPLATE),
-        "vendor": Field(_choice(CPU_VENDORS, "The CPU vendor the snapshot was taken on (default: any).")),
+        "vendor": Field(_choice(CPU_VENDORS, "The CPU vendor the snapshot was taken on (default: any).", "CPU vendor")),
         "kvm_implementations": Field(
             Items(
-                _choice(KVM_IMPLEMENTATIONS, ""),
+                _choice(KVM_IMPLEMENTATIONS, "", "KVM implementation"),
                 len(KVM_IMPLEMENTATIONS),
                 unique=True,
                 description="The KVM implementations that may restore it (default: any).",
@@ -238,6 +242,7 @@ RESTORE_PROFILE = Record(
                             f"What a node whose KVM scales the TSC counts for: '{SCALING_ACCEPT}' (default: it "
                             f"passes at any frequency), '{SCALING_IGNORE}' (the frequency alone counts) or "
                             f"'{SCALING_REQUIRE}' (only such nodes pass).",
+                            "TSC scaling rule",
                         )
                     ),
                 },

@@ -32,8 +32,13 @@ class ProfileError(ValueError):
     """A recorded profile that cannot be read: the field ("" for the whole) and the problem."""
 
     def __init__(self, field: str, problem: str) -> None:
-        self.field, self.problem = field, problem
-        super().__init__(f"{field}: {problem}" if field else problem)
+        # Both may hold the file's own keys and values (a megabyte's): a line is kept short.
+        self.field, self.problem = _cut(field), _cut(problem)
+        super().__init__(f"{self.field}: {self.problem}" if self.field else self.problem)
+
+
+def _cut(text: str, most: int = 100) -> str:
+    return text if len(text) <= most else f"{text[: most - 40]}... ({len(text)} characters)"
 
 
 @dataclass(frozen=True)

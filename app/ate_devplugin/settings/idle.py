@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from ate_devplugin.config import ALLOCATE_DEVICES, DEFAULT_UNITS, Problem, ResourceConfig
+from ate_devplugin.config import ALLOCATE_DEVICES, DEFAULT_UNITS, Problem, ResourceConfig, profile_warnings
 from ate_devplugin.settings.options import GROUPS, OPTIONS
 
 
@@ -31,7 +31,13 @@ def idle_options(values: Mapping[str, Any], given: Mapping[str, str]) -> Iterato
 
 
 def idle_fields(resources: Sequence[ResourceConfig], mode: str) -> Iterator[Problem]:
-    """The config's fields that do nothing in this mode."""
+    """The config's fields that do nothing in this mode, then restore profiles that can match
+    no node (warned about at start, by check-config, and on a reload: reload.py)."""
+    yield from _idle_in_mode(resources, mode)
+    yield from profile_warnings(resources)
+
+
+def _idle_in_mode(resources: Sequence[ResourceConfig], mode: str) -> Iterator[Problem]:
     for i, r in enumerate(resources):
         where = f"resources[{i}]"
         if r.restore_profiles and not r.probes_kvm:

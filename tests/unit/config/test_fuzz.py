@@ -355,3 +355,23 @@ def test_the_fuzzer_writes_every_field_of_the_model() -> None:
     assert sorted({*RESOURCE_REQUIRED, *RESOURCE_OPTIONAL}) == FILE_FIELDS
     written = as_resource(ResourceConfig(name="ate.dev/kvm", devices=("/dev/kvm",), health="kvm", cdi_file_mode=0o666))
     assert sorted(written) == FILE_FIELDS
+
+
+_profile_junk = st.dictionaries(
+    st.sampled_from(["features", "vendor", "kvm_implementations", "tsc", "cpu_template", "x"]),
+    st.one_of(
+        junk,
+        st.lists(st.sampled_from(["avx2", "avx_2", "intel_vmx", "svm", "vmx", "zz" * 50]), max_size=5),
+        st.fixed_dictionaries({}, optional={"khz": junk, "tolerance_ppm": junk, "scaling": junk}),
+        st.sampled_from(["GenuineIntel", "GenuineIntelCorporation", "x" * 5000]),
+    ),
+    max_size=4,
+)
+
+
+@FUZZ
+@given(st.dictionaries(st.text(max_size=30), _profile_junk, max_size=3))
+def test_fuzzed_restore_profiles_are_accepted_or_rejected_cleanly(profiles: dict[str, Any]) -> None:
+    """What start and a reload read (parse_resources): restore profiles of junk."""
+    doc = {"resources": [{"name": "ate.dev/kvm", "devices": ["/dev/kvm"], "restore_profiles": profiles}]}
+    parse_or_reject(yaml.safe_dump(doc, allow_unicode=True), doc)

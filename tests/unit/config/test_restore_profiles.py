@@ -5,6 +5,8 @@ changed profile is a changed config (so a reload applies it)."""
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,7 @@ from ate_devplugin.config import (
     read_again,
     restore_profile,
 )
+from ate_devplugin.config.rules import MAX_HINTS
 from ate_devplugin.config.schema import RESTORE_PROFILES
 from ate_devplugin.cpu.features import FEATURES
 from ate_devplugin.cpu.restore import SCALING, SCALING_ACCEPT, SCALING_REQUIRE, RestoreProfile, TscRule
@@ -100,12 +103,27 @@ def _problems(profiles: str) -> list[str]:
         ("{q3: {features: [cpuid_b_0_edx_1]}}", "restore_profiles.q3.features[0]: is not a CPUID feature"),
         ("{q3: {features: [avx2, avx2]}}", "restore_profiles.q3.features[1]: repeats"),
         ("{q3: {features: avx2}}", "restore_profiles.q3.features: must be a list"),
-        ("{q3: {vendor: Intel}}", "restore_profiles.q3.vendor: must be one of GenuineIntel, AuthenticAMD"),
-        ("{q3: {kvm_implementations: [kvm]}}", "restore_profiles.q3.kvm_implementations[0]: must be one of vmx"),
+        (
+            "{q3: {vendor: Intel}}",
+            "restore_profiles.q3.vendor: unknown CPU vendor 'Intel' (expected GenuineIntel, AuthenticAMD, "
+            "HygonGenuine or CentaurHauls)",
+        ),
+        (
+            "{q3: {kvm_implementations: [kvm]}}",
+            "restore_profiles.q3.kvm_implementations[0]: unknown KVM implementation 'kvm' (expected vmx, svm or pvm)",
+        ),
+        (  # a wrong name, not a string too long
+            "{q3: {kvm_implementations: [intel_vmx]}}",
+            "kvm_implementations[0]: unknown KVM implementation 'intel_vmx' (expected vmx, svm or pvm)",
+        ),
+        ("{q3: {vendor: GenuineIntelCPU}}", "restore_profiles.q3.vendor: unknown CPU vendor 'GenuineIntelCPU'"),
         ("{q3: {tsc: {khz: 0}}}", "restore_profiles.q3.tsc.khz: must be an integer from 1 to 4294967295 (got 0)"),
         ("{q3: {tsc: {tolerance_ppm: 1000001}}}", "restore_profiles.q3.tsc.tolerance_ppm: must be an integer from 0"),
         ("{q3: {tsc: {scaling: yes}}}", "restore_profiles.q3.tsc.scaling: must be a string (got True)"),
-        ("{q3: {tsc: {scaling: maybe}}}", "restore_profiles.q3.tsc.scaling: must be one of accept, ignore, require"),
+        (
+            "{q3: {tsc: {scaling: maybe}}}",
+            "restore_profiles.q3.tsc.scaling: unknown TSC scaling rule 'maybe' (expected accept, ignore or require)",
+        ),
         ("{q3: {tsc: {khz: 1, mhz: 2}}}", "restore_profiles.q3.tsc.mhz: unknown key (hint: did you mean 'khz'?)"),
         ("{q3: {cores: 2}}", "restore_profiles.q3.cores: unknown key"),
         ("[q3]", "restore_profiles: must be a mapping of names to values (hint: write NAME: value entries, not a"),
@@ -139,7 +157,7 @@ def _problems(profiles: str) -> list[str]:
         (
             "{q3: {cpu_template: {cpuid_modifiers: [{leaf: '0x7', subleaf: '0x0', flags: 1, modifiers: "
             "[{register: ekx, bitmap: '0b1'}]}]}}}",
-            "modifiers[0].register: must be one of eax, ebx, ecx, edx (got 'ekx') (hint: did you mean 'edx'?)",
+            "modifiers[0].register: unknown register 'ekx' (expected eax, ebx, ecx or edx) (hint: did you mean 'edx'?)",
         ),
     ],
 )
@@ -211,3 +229,82 @@ def test_a_changed_profile_is_a_changed_config(tmp_path: Path) -> None:
     assert isinstance(changed, tuple)
     assert changed != running
     assert changed[0].restore_profiles[1].tsc == TscRule(2_900_000)  # q3_2026
+
+
+def test_tens_of_thousands_of_wrong_feature_names_get_few_hints(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each "did you mean" scans the whole feature table: a file of ~48,000 wrong names took
+    a minute to reject, and a live reload gives up after seconds. Only the first few are
+    suggested for; the error still names the first field, and counts the rest."""
+    asked: list[str] = []
+    real = difflib.get_close_matches
+
+    def counted(word: str, possibilities: Iterable[str], n: int = 3, cutoff: float = 0.6) -> list[str]:
+        asked.append(word)
+        return real(word, possibilities, n, cutoff)
+
+    monkeypatch.setattr(difflib, "get_close_matches", counted)
+    resources = [
+        {
+            "name": f"ate.dev/kvm{r}",
+            "devices": ["/dev/kvm"],
+            "units": 8,
+            "restore_profiles": {f"p{p}": {"features": ["avx_2", *(f"zz{r}_{p}_{i}" for i in range(999))]}
+                                 for p in range(MAX_RESTORE_PROFILES)},
+        }
+        for r in range(6)
+    ]  # fmt: skip
+    with pytest.raises(ConfigError) as refused:
+        parse_resources(yaml.safe_dump({"resources": resources}))
+    error = refused.value
+    assert len(error.problems) + error.omitted == 6 * MAX_RESTORE_PROFILES * 1000
+    assert str(error.problems[0]) == (
+        "resources[0].restore_profiles.p0.features[0]: is not a CPUID feature: /proc/cpuinfo's name, or "
+        "cpuid_<leaf in hex>_<subleaf>_<register>_<bit> (got 'avx_2') (hint: did you mean 'avx2'?)"
+    )
+    assert len(asked) == MAX_HINTS
+    asked.clear()  # the budget is the check's, not the process's: the next file has its own
+    _problems("{q3: {features: [avx_2]}}")
+    assert asked == ["avx_2"]
+
+
+@pytest.mark.parametrize(
+    ("profile", "line"),
+    [
+        (
+            "{vendor: GenuineIntel, kvm_implementations: [svm]}",
+            "resources[0].restore_profiles.q3.kvm_implementations: cannot match any node: KVM on a GenuineIntel CPU "
+            "is vmx or pvm, never svm",
+        ),
+        (
+            "{vendor: AuthenticAMD, features: [vmx, sse4_2]}",
+            "resources[0].restore_profiles.q3.features: cannot match any node: vmx is the virtualization of "
+            "GenuineIntel and CentaurHauls CPUs, not AuthenticAMD",
+        ),
+        (
+            "{tsc: {khz: 2100000, tolerance_ppm: 1000000}}",
+            "resources[0].restore_profiles.q3.tsc.tolerance_ppm: 1000000 ppm lets almost any TSC frequency pass: "
+            "above 100000 the rule says nothing (hint: KVM's own tolerance is 250 ppm; leave khz out to accept any "
+            "frequency)",
+        ),
+    ],
+)
+def test_a_profile_that_no_node_can_match_is_a_warning(profile: str, line: str) -> None:
+    """Valid, so the file loads (a reload applies it), and said wherever the config is
+    judged: at start, by check-config and on a reload (idle_fields, reload.py)."""
+    resources = parse_resources(f"resources: [{{name: ate.dev/kvm, devices: [/dev/kvm], restore_profiles: "
+                                f"{{q3: {profile}}}}}]")  # fmt: skip
+    assert [str(p) for p in idle_fields(resources, "device-plugin")] == [line]
+
+
+@pytest.mark.parametrize(
+    "profile",
+    [
+        "{vendor: GenuineIntel, kvm_implementations: [vmx, pvm], features: [vmx]}",
+        "{vendor: AuthenticAMD, kvm_implementations: [svm], features: [svm], tsc: {tolerance_ppm: 100000}}",
+        "{kvm_implementations: [svm], features: [vmx]}",  # no vendor: a nested guest may say either
+    ],
+)
+def test_a_profile_some_node_can_match_is_not_warned_about(profile: str) -> None:
+    resources = parse_resources(f"resources: [{{name: ate.dev/kvm, devices: [/dev/kvm], restore_profiles: "
+                                f"{{q3: {profile}}}}}]")  # fmt: skip
+    assert list(idle_fields(resources, "device-plugin")) == []
