@@ -255,7 +255,8 @@ class ProberLink:
         if self._gone_timer is not None:
             self._gone_timer.cancel()
             self._gone_timer = None
-        log.info("KVM prober connected", extra={"pod": prober.hello.pod, "devices": dict(prober.hello.devices)})
+        extra = {"pod": prober.hello.pod, "devices": dict(prober.hello.devices), "connections": self.connections}
+        log.info("KVM prober connected", extra=extra)  # connections since start: a storm would show
         self._came()
 
     def _left(self, prober: _Prober) -> None:
