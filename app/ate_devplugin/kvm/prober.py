@@ -4,7 +4,9 @@ answers each probe request with a verdict from a :class:`~ate_devplugin.kvm.runn
 (bounded there: a hung probe is ``timed-out``, never a hung prober). It reconnects with
 backoff while the daemon is away, and exits 0 when told to restart (its device is stale:
 the kubelet starts it again with the host's current node). It speaks kvm/wire.py and loads
-nothing of the daemon.
+nothing of the daemon. A connection that ends before the daemon said anything (refused: a
+prober is already heard, or this one is not believed) is retried with backoff, never at once;
+one told to wait stays connected until the daemon hears it.
 """
 
 from __future__ import annotations
@@ -45,48 +47,65 @@ async def serve(
                 log.info("the daemon's socket %s is not there yet (%s): again in %.1fs", socket_path, exc, delay)
                 await asyncio.sleep(delay)
                 continue
-            backoff.reset()
             log.info("connected to the daemon at %s", socket_path)
+            session = _Session(wire.Hello(pod, dict(devices), ids=True), runner, backoff)
             try:
-                if await _session(reader, writer, wire.Hello(pod, dict(devices)), runner):
+                if await session.run(reader, writer):
                     return 0
             except (ConnectionError, ValueError, asyncio.LimitOverrunError) as exc:
                 log.warning("the connection to the daemon failed: %s", exc)
             finally:
                 with contextlib.suppress(Exception):
                     writer.close()
-            log.info("the daemon went away: reconnecting")
+            if session.heard:
+                log.info("the daemon went away: reconnecting")
+                continue
+            delay = backoff.next()
+            log.info("the daemon closed the connection without a word (refused?): again in %.1fs", delay)
+            await asyncio.sleep(delay)
     finally:
         await runner.close()
 
 
-async def _session(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hello: wire.Hello, runner: Runner
-) -> bool:
-    """One connection; True when the daemon said restart."""
-    writer.write(wire.encode(hello))
-    await writer.drain()
-    while line := await reader.readline():
-        try:
-            message = wire.decode(line)
-        except wire.WireError as exc:
-            log.warning("the daemon sent what is not a message of this protocol (%s): ignored", exc)
-            continue
-        if isinstance(message, wire.Restart):
-            log.info("the daemon says the device is stale: exiting to be restarted")
-            return True
-        if not isinstance(message, wire.ProbeRequest):
-            log.warning("the daemon sent a %s, which only a prober sends: ignored", type(message).__name__)
-            continue
-        path = hello.devices.get(message.resource)
-        if path is None:
-            log.warning("asked to probe %s, which this prober was not given", message.resource)
-            continue
-        result = await runner.probe(path, message.timeout_s)
-        writer.write(wire.encode(wire.Report(message.resource, result)))
+class _Session:
+    """One connection. ``heard``: the daemon said something of this protocol (then the
+    backoff starts again: it was there and listening)."""
+
+    def __init__(self, hello: wire.Hello, runner: Runner, backoff: Backoff) -> None:
+        self.hello, self.runner, self.backoff = hello, runner, backoff
+        self.heard = False
+
+    async def run(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """True when the daemon said restart."""
+        writer.write(wire.encode(self.hello))
         await writer.drain()
-        log.info("probed %s (%s): %s: %s", message.resource, path, result.reason, result.message)
-    return False
+        while line := await reader.readline():
+            try:
+                message = wire.decode(line)
+            except wire.WireError as exc:
+                log.warning("the daemon sent what is not a message of this protocol (%s): ignored", exc)
+                continue
+            if not self.heard:
+                self.heard = True
+                self.backoff.reset()
+            if isinstance(message, wire.Restart):
+                log.info("the daemon says the device is stale: exiting to be restarted")
+                return True
+            if isinstance(message, wire.Wait):
+                log.info("waiting for the daemon to hear this prober: %s", message.reason)
+                continue
+            if not isinstance(message, wire.ProbeRequest):
+                log.warning("the daemon sent a %s, which only a prober sends: ignored", type(message).__name__)
+                continue
+            path = self.hello.devices.get(message.resource)
+            if path is None:
+                log.warning("asked to probe %s, which this prober was not given", message.resource)
+                continue
+            result = await self.runner.probe(path, message.timeout_s)
+            writer.write(wire.encode(wire.Report(message.resource, result, message.request)))
+            await writer.drain()
+            log.info("probed %s (%s): %s: %s", message.resource, path, result.reason, result.message)
+        return False
 
 
 def parse_devices(given: list[str]) -> dict[str, str]:

@@ -4,23 +4,32 @@ when asked here (kvm/wire.py is the protocol, kvm/prober.py the other end).
 
 Only the prober speaks for the device: a connection whose peer (SO_PEERCRED) is not the
 prober's uid and gid is refused at once, before it can say anything, and so is one that
-says no hello within ``HELLO_S``; each kind is counted and logged once while it lasts. Where
-the prober runs as the daemon's own uid, the socket's directory is the daemon's alone
-(0700): no other user even reaches the socket. One prober at a time: a new one that says
-hello replaces the one before (a rolled pod); a refused peer never does.
+says no hello within ``HELLO_S``, or a hello of another protocol version. Every line is
+checked (wire.decode) before it is believed; a report that fails is no verdict, nor is one
+that answers another request than the one asked (a late answer). Each kind of refusal is
+counted and logged once while it lasts. The socket's directory is the daemon's alone
+(host/sockdir.py): 0700 where the prober runs as the daemon's uid, as the chart's does.
+
+One prober at a time: the one heard keeps it while it is connected; a second one (a pod
+rolled with overlap, a second release's prober on the same socket) is told to wait and
+is held, unheard, until the first goes, then heard at once. Nobody is displaced, so no
+prober reconnects in a loop and no request is written to a connection about to close.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import socket
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ate_devplugin.host.devices import DeviceNode
+from ate_devplugin.host.sockdir import own_directory
 from ate_devplugin.kvm import wire
 from ate_devplugin.kvm.probe import ProbeResult
 from ate_devplugin.kvm.reasons import Reason
@@ -31,14 +40,36 @@ log = logging.getLogger(__name__)
 
 REPLY_SLACK_S = 2.0  # beyond the probe's own timeout, for the prober's worker and the socket
 HELLO_S = 5.0  # a connection that says no hello within this long is closed
+QUIET_S = 60.0  # a kind of refusal none came of for this long is over: the next is logged
+MAX_WAITING = 4  # probers held in line behind the one heard; more are refused (busy)
 _UCRED = struct.Struct("iII")  # struct ucred: pid_t pid, uid_t uid, gid_t gid
+
+
+@dataclass(eq=False)
+class _Prober:
+    """A connection that said hello: heard (the current one) or waiting its turn."""
+
+    writer: asyncio.StreamWriter
+    hello: wire.Hello
+    peer: str  # "uid U gid G": what refusals of it are keyed by
+    who: str  # the peer, its pid and pod: for the log
+
+
+@dataclass(eq=False)
+class _Asked:
+    """The request in flight (one at a time): its answer is the report of this id."""
+
+    request: int
+    resource: str
+    prober: _Prober
+    answer: asyncio.Future[ProbeResult | None]
 
 
 class ProberLink:
     """Probes (kvmhealth/probes.py) by asking the connected prober.
 
-    ``came`` is called when a prober says hello (then every resource is probed at once),
-    ``gone`` once a prober has been away for ``grace_s`` (from the start, or from its
+    ``came`` is called when a prober is heard (then every resource is probed at once),
+    ``gone`` once none has been heard for ``grace_s`` (from the start, or from its
     disconnection), and again after each later connection that ends without a return."""
 
     waiting = "waiting for the prober"
@@ -46,37 +77,53 @@ class ProberLink:
     follows_changes = False
 
     def __init__(
-        self, path: str, grace_s: float, prober: tuple[int, int], metrics: KvmMetrics, hello_s: float = HELLO_S
+        self,
+        path: str,
+        grace_s: float,
+        prober: tuple[int, int],
+        metrics: KvmMetrics,
+        hello_s: float = HELLO_S,
+        quiet_s: float = QUIET_S,
     ) -> None:
         """``prober``: the uid and gid the prober runs as, the only peer accepted."""
         self.path = path
         self.grace_s = grace_s
         self.hello_s = hello_s
+        self.quiet_s = quiet_s
         self.prober = prober
         self.metrics = metrics
+        self.connections = 0  # accepted since start: what a reconnect storm would show
         self._refusals = SaidOnce(remember=8)  # per kind of refusal, the peers said while they last
-        self.hello: wire.Hello | None = None  # the connected prober's
+        self._refused_at: dict[str, float] = {}  # per kind, when the last came
         self._came: Callable[[], None] = lambda: None
         self._gone: Callable[[float], None] = lambda away_s: None
         self._server: asyncio.Server | None = None
         self._inode = -1
-        self._writer: asyncio.StreamWriter | None = None
-        self._waiting: dict[str, asyncio.Future[ProbeResult]] = {}
+        self._heard: _Prober | None = None
+        self._line: list[_Prober] = []  # waiting their turn, first come first
+        self._asked: _Asked | None = None
+        self._ids = itertools.count(1)
         self._gone_timer: asyncio.TimerHandle | None = None
         self._away_since = 0.0
         self._turn = asyncio.Lock()
 
+    @property
+    def hello(self) -> wire.Hello | None:
+        """The hello of the prober heard; None while there is none."""
+        return self._heard.hello if self._heard else None
+
     async def start(self, came: Callable[[], None], gone: Callable[[float], None]) -> None:
+        """Raises OSError (host/sockdir.SocketDirError: one line naming what to remove)."""
         self._came, self._gone = came, gone
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)  # a previous daemon's
         directory = os.path.dirname(self.path) or "."
-        os.makedirs(directory, exist_ok=True)
         # The daemon cannot chown (no capability): a prober of its own uid gets a directory
         # only they reach; one of another uid reaches a socket anyone may connect to, and the
         # peer check alone tells it from the rest.
         ours = self.prober[0] == os.geteuid()
-        os.chmod(directory, 0o700 if ours else 0o711)
+        if own_directory(directory, 0o700 if ours else 0o711):
+            log.info("set the mode of the KVM prober's socket directory %s", directory)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)  # a previous daemon's, in a directory no one else writes to
         self._server = await asyncio.start_unix_server(self._serve, self.path, limit=wire.MAX_LINE)
         os.chmod(self.path, 0o600 if ours else 0o666)
         self._inode = os.stat(self.path).st_ino
@@ -87,106 +134,172 @@ class ProberLink:
             self._gone_timer.cancel()
         if self._server is not None:
             self._server.close()
-        if self._writer is not None:
-            self._writer.close()
+        for prober in [*self._line, *([self._heard] if self._heard else [])]:
+            _drop(prober.writer)
         # Only our own: in a rollout the next daemon pod may already serve the path (1.37+ overlap).
         with contextlib.suppress(FileNotFoundError):
             if os.stat(self.path).st_ino == self._inode:
                 os.unlink(self.path)
 
     async def probe(self, resource: str, node: DeviceNode, timeout: float) -> ProbeResult | None:
-        """The prober's verdict on ``resource``; None when no prober is connected or it left
-        before answering; ``timed-out`` when it answers nothing within ``timeout`` plus slack."""
+        """The prober's verdict on ``resource``; None when no prober is heard, it left before
+        answering or its report could not be believed; ``timed-out`` when it answers nothing
+        within ``timeout`` plus slack."""
         async with self._turn:
-            writer = self._writer
-            if writer is None or self.hello is None:
+            prober = self._heard
+            if prober is None:
                 return None
             loop = asyncio.get_running_loop()
-            future: asyncio.Future[ProbeResult] = loop.create_future()
-            self._waiting[resource] = future
+            asked = _Asked(next(self._ids), resource, prober, loop.create_future())
+            self._asked = asked
             start = loop.time()
             try:
-                writer.write(wire.encode(wire.ProbeRequest(resource, timeout)))
+                prober.writer.write(wire.encode(wire.ProbeRequest(resource, timeout, asked.request)))
                 async with asyncio.timeout(timeout + REPLY_SLACK_S):
-                    return await future
+                    return await asked.answer
             except TimeoutError:
+                if self._line and self._heard is prober:
+                    # Its worker bounds the probe: a prober silent past that is stuck, and one waits.
+                    log.warning("the KVM prober %s answers nothing: the next one in line is heard", prober.who)
+                    _drop(prober.writer)
                 message = f"the prober sent no report within {timeout + REPLY_SLACK_S:g}s"
                 return ProbeResult(resource, Reason.TIMED_OUT, message, loop.time() - start)
             except ConnectionError:
                 return None  # the prober left before answering: no verdict
             finally:
-                self._waiting.pop(resource, None)
+                self._asked = None
 
     def stale(self) -> None:
         """Tells the prober its device is stale (the host's node changed since it started)."""
-        if self._writer is not None:
+        if self._heard is not None:
             log.info("asking the KVM prober to restart: the host's device node changed")
-            self._writer.write(wire.encode(wire.Restart()))
+            self._heard.writer.write(wire.encode(wire.Restart()))
 
-    # --- the connection --------------------------------------------------------------
+    # --- the connections -------------------------------------------------------------
 
-    def _refuse(self, why: str, peer: str, text: str) -> None:
+    def _refuse(self, why: str, peer: str, text: str, what: str = "") -> None:
+        """Counts a refusal; logs it unless the same (``peer``, ``what``) was said while this
+        kind lasts (none came of it for ``quiet_s``)."""
         self.metrics.prober_refused.labels(why).inc()
-        if self._refusals.new(peer, why):
-            log.warning("refused a connection to the KVM prober's socket: %s", text, extra={"peer": peer})
+        now = asyncio.get_running_loop().time()
+        if now - self._refused_at.get(why, -self.quiet_s) >= self.quiet_s:
+            self._refusals.over(why)
+        self._refused_at[why] = now
+        if self._refusals.new(f"{peer} {what}", why):
+            log.warning("refused %s", text, extra={"peer": peer, "refusal": why})
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        prober: _Prober | None = None
         try:
-            uid, gid, pid = _peer(writer)
-            peer = f"uid {uid} gid {gid}"
-            who = f"{peer} (pid {pid})" if pid else peer  # 0: a process of another pid namespace
-            if (uid, gid) != self.prober:
-                expected = f"uid {self.prober[0]} gid {self.prober[1]}"
-                self._refuse("identity", peer, f"{who} is not the prober ({expected})")
+            prober = await self._admit(reader, writer)
+            if prober is None:
                 return
-            try:
-                async with asyncio.timeout(self.hello_s):
-                    hello = _read(await reader.readline())
-            except TimeoutError:
-                hello = None
-            if not isinstance(hello, wire.Hello):
-                self._refuse("no-hello", peer, f"{who} said no hello within {self.hello_s:g}s: closed")
-                return
-            self._refusals.over("identity")
-            self._refusals.over("no-hello")
-            if self._writer is not None:
-                self._drop(self._writer)  # a rolled prober pod replaces the old one
-            self._writer, self.hello = writer, hello
-            if self._gone_timer is not None:
-                self._gone_timer.cancel()
-                self._gone_timer = None
-            log.info("KVM prober connected", extra={"pod": hello.pod, "devices": dict(hello.devices)})
-            self._came()
             while line := await reader.readline():
-                self._take(line)
-        except (ConnectionError, ValueError, asyncio.LimitOverrunError) as exc:
-            log.warning("the KVM prober's connection failed: %s", exc)
+                if prober is self._heard:
+                    self._take(prober, line)
+                # else: waiting, unheard; it has nothing to say before its turn
+        except ConnectionError:
+            pass  # gone: as at the end of its lines
+        except (asyncio.LimitOverrunError, ValueError) as exc:  # a line past the limit (StreamReader)
+            if prober is not None:
+                self._refuse("bad-message", prober.peer, f"the KVM prober {prober.who}'s line: {exc}", "line")
         finally:
-            if self._writer is writer:
-                self._writer = self.hello = None
-                for future in self._waiting.values():
-                    if not future.done():
-                        future.set_exception(ConnectionError("the prober left"))
-                log.warning("KVM prober disconnected")
-                self._away()
-            self._drop(writer)
+            _drop(writer)
+            if prober is not None:
+                self._left(prober)
 
-    def _take(self, line: bytes) -> None:
-        """A line from the connected prober: a report answers its resource's request."""
+    async def _admit(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Prober | None:
+        """The connection's prober once it said hello, heard or in line; None when refused."""
+        uid, gid, pid = _peer(writer)
+        peer = f"uid {uid} gid {gid}"
+        who = f"{peer} (pid {pid})" if pid else peer  # 0: a process of another pid namespace
+        connection = f"a connection to the KVM prober's socket: {who}"
+        if (uid, gid) != self.prober:
+            expected = f"uid {self.prober[0]} gid {self.prober[1]}"
+            self._refuse("identity", peer, f"{connection} is not the prober ({expected})")
+            return None
+        try:
+            async with asyncio.timeout(self.hello_s):
+                line = await reader.readline()
+            hello = wire.decode(line) if line else None
+        except TimeoutError:
+            hello = None
+        except wire.VersionError as exc:
+            text = f"{connection} speaks protocol version {exc.version}; this daemon speaks {wire.VERSION}"
+            self._refuse("version", peer, text, str(exc.version))
+            return None
+        except (ValueError, asyncio.LimitOverrunError) as exc:  # a WireError, or a line past the limit
+            self._refuse("bad-message", peer, f"{connection}: its hello: {exc}", getattr(exc, "field", "line"))
+            return None
+        if not isinstance(hello, wire.Hello):
+            self._refuse("no-hello", peer, f"{connection} said no hello within {self.hello_s:g}s")
+            return None
+        self.connections += 1
+        prober = _Prober(writer, hello, peer, f"{who}, pod {hello.pod or '?'}")
+        if self._heard is None:
+            self._hear(prober)
+        elif len(self._line) < MAX_WAITING:
+            self._line.append(prober)
+            writer.write(wire.encode(wire.Wait(f"the daemon hears the prober {self._heard.who} until it leaves")))
+            if self._refusals.new(prober.hello.pod, "waiting"):
+                log.warning(
+                    "a second KVM prober (%s) waits its turn: the prober %s is heard", prober.who, self._heard.who
+                )
+        else:
+            self._refuse("busy", peer, f"the KVM prober {who}: {MAX_WAITING} wait already")
+            return None
+        return prober
+
+    def _hear(self, prober: _Prober) -> None:
+        self._heard = prober
+        if self._gone_timer is not None:
+            self._gone_timer.cancel()
+            self._gone_timer = None
+        extra = {"pod": prober.hello.pod, "devices": dict(prober.hello.devices), "connections": self.connections}
+        log.info("KVM prober connected", extra=extra)  # connections since start: a storm would show
+        self._came()
+
+    def _left(self, prober: _Prober) -> None:
+        if prober in self._line:
+            self._line.remove(prober)
+            return
+        if prober is not self._heard:
+            return
+        self._heard = None
+        if self._asked is not None and not self._asked.answer.done():
+            self._asked.answer.set_result(None)  # no verdict: the next prober is asked again
+        log.warning("KVM prober disconnected", extra={"pod": prober.hello.pod})
+        if self._line:
+            self._refusals.over("waiting")
+            self._hear(self._line.pop(0))
+        else:
+            self._away()
+
+    def _take(self, prober: _Prober, line: bytes) -> None:
+        """A line from the prober heard: a report answers the request in flight if it is its."""
+        asked = self._asked
         try:
             message = wire.decode(line)
         except wire.WireError as exc:
-            if exc.resource is None:
-                log.warning("the KVM prober sent what is not a message of this protocol (%s): ignored", exc)
-                return
-            bad = "the prober's report is not a probe result"
-            message = wire.Report(exc.resource, ProbeResult(exc.resource, Reason.PROBER_FAILED, bad, 0.0))
-        if not isinstance(message, wire.Report):
-            log.warning("the KVM prober sent what is not a report: ignored")
+            self._refuse("bad-message", prober.peer, f"the KVM prober {prober.who}'s message: {exc}", exc.field)
+            if asked is not None and exc.request in (None, asked.request) and exc.resource in (None, asked.resource):
+                asked.answer.set_result(None)  # its answer cannot be read: no verdict, the last holds
             return
-        future = self._waiting.get(message.resource)
-        if future is not None and not future.done():
-            future.set_result(message.result)
+        if not isinstance(message, wire.Report):
+            what = type(message).__name__.lower()
+            self._refuse("bad-message", prober.peer, f"the KVM prober {prober.who} sent a {what}, not a report", what)
+            return
+        # A prober of 0.1.0 echoes no id: its report answers the request of its resource.
+        current = asked is not None and message.resource == asked.resource
+        if prober.hello.ids:
+            current = current and asked is not None and message.request == asked.request
+        if asked is None or not current or asked.answer.done():
+            text = f"the KVM prober {prober.who}'s report on {message.resource} (request {message.request}): "
+            text += f"request {asked.request} on {asked.resource} is in flight" if asked else "none is in flight"
+            self._refuse("late", prober.peer, text, message.resource)
+            return
+        self._refusals.over("bad-message")
+        asked.answer.set_result(message.result)
 
     def _away(self) -> None:
         loop = asyncio.get_running_loop()
@@ -197,21 +310,13 @@ class ProberLink:
 
     def _timer(self) -> None:
         self._gone_timer = None
-        if self._writer is None:
+        if self._heard is None:
             self._gone(asyncio.get_running_loop().time() - self._away_since)
 
-    @staticmethod
-    def _drop(writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(Exception):
-            writer.close()
 
-
-def _read(line: bytes) -> wire.Message | None:
-    """The first line's message; None at the end or when it is not one."""
-    try:
-        return wire.decode(line) if line else None
-    except wire.WireError:
-        return None
+def _drop(writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(Exception):
+        writer.close()
 
 
 def _peer(writer: asyncio.StreamWriter) -> tuple[int, int, int]:

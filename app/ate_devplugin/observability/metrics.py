@@ -186,7 +186,7 @@ class Metrics:
 
 # --- the KVM probe (resources with health kvm) -------------------------------------------
 KVM_PROBE_STATES = ("unverified", "passed", "failed", "cannot-probe", "prober-gone")
-PROBER_REFUSALS = ("identity", "no-hello")
+PROBER_REFUSALS = ("identity", "no-hello", "version", "bad-message", "late", "busy")
 PROBE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -225,8 +225,10 @@ class KvmMetrics:
         )
         self.prober_refused = Counter(
             f"{PREFIX}_kvm_prober_refused",
-            "Connections to the prober's socket refused (--kvm-probe socket): another identity than the "
-            "prober's (identity), or no hello in time (no-hello).",
+            "What the prober's socket refused (--kvm-probe socket): a connection of another identity than the "
+            "prober's (identity), with no hello in time (no-hello), of another protocol version (version), or past "
+            "the probers waiting their turn (busy); a message that is not one of the protocol (bad-message), or a "
+            "report that answers no request in flight (late).",
             ["reason"],
             registry=r,
         )
