@@ -15,7 +15,7 @@ demo: setup-demo
 
 # Missing tools skip their tests locally; CI=true (.ci/run) makes them fail (tests/harness/require.py).
 test: setup-test lint unit-nonroot
-	$(PYTHON) -m pytest -p no:cacheprovider --cov --cov-report=term --cov-fail-under=$(COVERAGE_FLOOR)
+	PYTHON=$(PYTHON) COVERAGE_FLOOR=$(COVERAGE_FLOOR) tools/run-tests.sh
 
 # The user's path on real clusters (tests/e2e): root, /dev/kvm and Debian's containerd,
 # runc, etcd, CNI plugins and docker-registry. `make test` runs it too where the machine

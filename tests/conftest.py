@@ -63,6 +63,21 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     early.stop_all()
 
 
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The 30 slowest modules (set-up, call and tear-down of their tests), beside pytest's
+    30 slowest tests (--durations): where the suite's time goes, in every run's log."""
+    spent: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if isinstance(report, pytest.TestReport):
+                module = report.nodeid.split("::", 1)[0]
+                spent[module] = spent.get(module, 0.0) + report.duration
+    if spent:
+        terminalreporter.write_sep("=", "slowest 30 modules")
+        for module, seconds in sorted(spent.items(), key=lambda item: -item[1])[:30]:
+            terminalreporter.write_line(f"{seconds:9.1f}s {module}")
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
     report = yield
