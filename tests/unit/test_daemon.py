@@ -218,6 +218,14 @@ async def test_a_reload_adds_renames_and_removes_a_resource_in_every_mode(tmp_pa
         kvm = s.daemon.views.last["ate.dev/kvm"]
         assert kvm.kvm is not None, "its KVM state kept through the reloads"
         assert kvm.healthy
+        # The resources that left the config left every series too.
+        labelled = {
+            sample.labels["resource_name"]
+            for metric in s.metrics.registry.collect()
+            for sample in metric.samples
+            if "resource_name" in sample.labels
+        }
+        assert labelled == {"ate.dev/kvm"}
     finally:
         s.daemon.request_stop("SIGTERM")
         await asyncio.wait_for(task, 5)

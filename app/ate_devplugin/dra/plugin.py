@@ -185,9 +185,10 @@ class DraPlugin:
             text = f"{v.name}: {v.why}"
             reports += [DeviceReport(d.name, v.healthy, text) for d in self._devices(v.config, self.publisher.sharing)]
         self.health.update(reports)
-        for gone in set(self._healthy) - view.keys():
+        for gone in set(self._healthy) - view.keys():  # left the config: its series go
             del self._healthy[gone]
-            self.metrics.health_changed.remove(gone)
+            for gauge in (self.metrics.health_changed, self.metrics.slice_devices, self.metrics.tainted_devices):
+                gauge.remove(gone)
 
     def _note_health(self, resource: str, healthy: bool) -> None:
         """The time of a change of the resource's health (absent until first seen present)."""

@@ -323,6 +323,8 @@ class CdiSpecs:
         del self._written[name]
         self._count(name, "remove", "success")
         log.info("CDI spec removed", extra={"resource": name, "path": path})
+        if self.metrics is not None and name not in {r.name for r in self._resources}:
+            self.metrics.remove_cdi_series(name)  # left the config: its series go with its spec
         return True
 
     @contextlib.contextmanager

@@ -183,6 +183,12 @@ class Metrics:
         for metric, labels in self._series(name):
             metric.remove(*labels)
 
+    def remove_cdi_series(self, name: str) -> None:
+        """A resource's CDI spec series, once its spec went with it (the device plugin's
+        resources lose them with the rest, at remove_resource)."""
+        for action, result in CDI_SPEC_UPDATES:
+            self.cdi_spec_updates.remove(name, action, result)
+
 
 # --- the KVM probe (resources with health kvm) -------------------------------------------
 KVM_PROBE_STATES = ("unverified", "passed", "failed", "cannot-probe", "prober-gone")
