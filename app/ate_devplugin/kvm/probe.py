@@ -66,23 +66,6 @@ class ProbeResult:
             "device_facts": self.device_facts.to_json() if self.device_facts else None,
         }
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> ProbeResult:
-        """Raises KeyError, TypeError or ValueError on what a probe never writes."""
-        facts = data.get("device_facts")
-        api = data.get("api_version")
-        return cls(
-            device=str(data["device"]),
-            reason=Reason(data["reason"]),
-            message=str(data["message"]),
-            duration_s=float(data["duration_s"]),
-            rdev=str(data.get("rdev") or ""),
-            api_version=None if api is None else int(api),
-            exits=tuple(str(e) for e in data.get("exits") or ()),
-            ran_guest=bool(data.get("ran_guest")),
-            device_facts=DeviceFacts.from_json(facts) if facts else None,
-        )
-
 
 class Deadline(Exception):  # noqa: N818  (not an error of the code: the time is up)
     pass

@@ -61,6 +61,9 @@ def test_every_message_reads_back_as_written() -> None:
         wire.Report("ate.dev/kvm", ProbeResult("/dev/kvm", Reason.RUN, "no", 0.0)),
         wire.Wait("another prober is heard"),
         wire.Restart(),
+        wire.Check("/dev/kvm", 4.0),
+        wire.Checked(RESULT),
+        wire.Checked(ProbeResult("", Reason.PROBER_FAILED, "the probe could not read its request", 0.0)),
     ):
         assert wire.decode(wire.encode(message)) == message
 
