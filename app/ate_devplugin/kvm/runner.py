@@ -195,5 +195,5 @@ async def probe_once(device: str, timeout: float) -> ProbeResult:
         await runner.close()
 
 
-def _failed(device: str, reason: Reason, message: str, elapsed: float) -> ProbeResult:
-    return ProbeResult(device=device, reason=reason, message=f"{device}: {message}", duration_s=elapsed)
+def _failed(device: str, reason: Reason, detail: str, elapsed: float) -> ProbeResult:
+    return ProbeResult(device=device, reason=reason, detail=detail, duration_s=elapsed)

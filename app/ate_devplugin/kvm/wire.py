@@ -24,9 +24,13 @@ ends are one install's parent and child, so they need no ids and no older versio
 
 Unknown keys are ignored, so a field can be added within a version: ``id`` and ``ids`` came
 after 0.1.0, whose prober echoes no id (its reports are matched by resource, as then) and
-whose daemon sends none. Every value is checked here, type, range and size, before either
-end believes it: a report's device facts reach the CPU profile code (cpu/), which takes
-CPUID registers for 32-bit values.
+whose daemon sends none. A result's ``detail`` (its text without the path, which is
+``device``) came later still: a prober before it sends ``message`` alone (its path is cut
+off here, the one place), and a daemon before it reads ``message``, which is still sent.
+
+Every value is checked here, type, range and size, before either end believes it: a
+report's device facts reach the CPU profile code (cpu/), which takes CPUID registers for
+32-bit values.
 """
 
 from __future__ import annotations
@@ -226,10 +230,12 @@ def _result(data: object, unknown_device: bool = False) -> ProbeResult:
     if not isinstance(ran, bool):
         raise WireError("not true or false", "result.ran_guest")
     facts = data.get("device_facts")
+    device = _text(data, "device", "result", MAX_PATH, may_be_empty=unknown_device)
+    message = _text(data, "message", "result", MAX_TEXT, may_be_empty=True)
     return ProbeResult(
-        device=_text(data, "device", "result", MAX_PATH, may_be_empty=unknown_device),
+        device=device,
         reason=Reason(reason),
-        message=_text(data, "message", "result", MAX_TEXT, may_be_empty=True),
+        detail=_detail(data, device, message),
         duration_s=float(duration),
         rdev=rdev,
         api_version=_count(data, "api_version", "result", 2**31 - 1, optional=True),
@@ -237,6 +243,14 @@ def _result(data: object, unknown_device: bool = False) -> ProbeResult:
         ran_guest=ran,
         device_facts=None if facts is None else _facts(facts),
     )
+
+
+def _detail(data: Mapping[str, Any], device: str, message: str) -> str:
+    """The text without the path: ``detail``, or from a prober before it, its message, which
+    began with its path (the one place a path is cut from a text, for those probers only)."""
+    if "detail" in data:
+        return _text(data, "detail", "result", MAX_TEXT, may_be_empty=True)
+    return message.removeprefix(f"{device}: ") if device else message
 
 
 def _facts(data: object) -> DeviceFacts:

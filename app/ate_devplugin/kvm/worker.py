@@ -36,7 +36,7 @@ def answer(line: bytes) -> bytes:
 
 
 def _failed(text: str) -> ProbeResult:
-    return ProbeResult(device="", reason=Reason.PROBER_FAILED, message=text, duration_s=0.0)
+    return ProbeResult(device="", reason=Reason.PROBER_FAILED, detail=text, duration_s=0.0)
 
 
 def serve(requests: IO[bytes], results: IO[bytes]) -> None:

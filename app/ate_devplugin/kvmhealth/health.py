@@ -191,7 +191,9 @@ class KvmHealth:
         if result.rdev and result.rdev != f"{node.major}:{node.minor}":
             self.probes.stale()
             return
-        self._set(probed, _as_host_path(result, node.host_path))
+        # The verdict is on the host's path (the probe opened it under the device root, or
+        # in the prober's container): the path is a field, the message says it from there.
+        self._set(probed, replace(result, device=node.host_path))
 
     def _prober_came(self) -> None:
         self._prober_away_s = None
@@ -260,12 +262,3 @@ class KvmHealth:
     def _publish(self) -> None:
         assert self._tell is not None, "told where to tell (tell_to) before it starts"
         self._tell(KvmChanged({name: probed.state for name, probed in self._probed.items()}))
-
-
-def _as_host_path(result: ProbeResult, host_path: str) -> ProbeResult:
-    """The verdict on the host's path (the probe opened it under the device root, or in the prober's container)."""
-    probed = result.device
-    if probed == host_path:
-        return result
-    message = host_path + result.message[len(probed) :] if result.message.startswith(probed) else result.message
-    return replace(result, device=host_path, message=message)

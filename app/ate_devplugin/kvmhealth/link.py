@@ -162,8 +162,8 @@ class ProberLink:
                     # Its worker bounds the probe: a prober silent past that is stuck, and one waits.
                     log.warning("the KVM prober %s answers nothing: the next one in line is heard", prober.who)
                     _drop(prober.writer)
-                message = f"the prober sent no report within {timeout + REPLY_SLACK_S:g}s"
-                return ProbeResult(resource, Reason.TIMED_OUT, message, loop.time() - start)
+                detail = f"the prober sent no report within {timeout + REPLY_SLACK_S:g}s"
+                return ProbeResult(node.host_path, Reason.TIMED_OUT, detail, loop.time() - start)
             except ConnectionError:
                 return None  # the prober left before answering: no verdict
             finally:

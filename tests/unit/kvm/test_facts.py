@@ -267,6 +267,6 @@ def test_the_largest_probe_result_stays_far_inside_the_probers_line() -> None:
     full = dict.fromkeys((*IDENTITY_REGISTERS, *FEATURE_REGISTERS), 4294967295)
     device = DeviceFacts(12, dict.fromkeys(CAPABILITIES, 2**31), "f" * 32, tuple(cpuid.NOTABLE), full, 2**32 - 1)
     path = "/dev/" + "d" * (MAX_PATH_CHARS - 5)
-    result = ProbeResult(path, Reason.PASSED, path + ": " + "m" * 200, 5.0, "10:232", 12, ("hlt",) * 8, True, device)
+    result = ProbeResult(path, Reason.PASSED, "m" * 200, 5.0, "10:232", 12, ("hlt",) * 8, True, device)
     line = json.dumps(result.to_json()).encode()
     assert len(line) < wire.MAX_LINE // 8, len(line)
