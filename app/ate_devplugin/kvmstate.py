@@ -32,8 +32,8 @@ def not_kvm(node: DeviceNode) -> ProbeResult | None:
     if (node.major, node.minor) == KVM_RDEV:
         return None
     rdev = f"{node.major}:{node.minor}"
-    message = f"{node.host_path}: character device {rdev} is not KVM's {KVM_RDEV[0]}:{KVM_RDEV[1]}: not opened"
-    return ProbeResult(device=node.host_path, reason=Reason.NOT_KVM, message=message, duration_s=0.0, rdev=rdev)
+    detail = f"character device {rdev} is not KVM's {KVM_RDEV[0]}:{KVM_RDEV[1]}: not opened"
+    return ProbeResult(device=node.host_path, reason=Reason.NOT_KVM, detail=detail, duration_s=0.0, rdev=rdev)
 
 
 def probed_node(found: Discovery, device: str) -> DeviceNode | None:

@@ -185,18 +185,6 @@ class DeviceFacts:
             "tsc_khz": self.tsc_khz,
         }
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> DeviceFacts:
-        tsc_khz = data.get("tsc_khz")
-        return cls(
-            api_version=int(data["api_version"]),
-            capabilities={str(k): int(v) for k, v in dict(data.get("capabilities") or {}).items()},
-            cpuid_digest=str(data.get("cpuid_digest") or ""),
-            cpu_features=tuple(str(f) for f in data.get("cpu_features") or ()),
-            cpuid_registers={Register.parse(k): int(v) for k, v in dict(data.get("cpuid_registers") or {}).items()},
-            tsc_khz=None if tsc_khz is None else int(tsc_khz),
-        )
-
 
 def read_device_facts(kvm: int, api_version: int) -> DeviceFacts:
     """What the open device says of itself; a capability it refuses to answer is left out.

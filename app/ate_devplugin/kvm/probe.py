@@ -38,9 +38,9 @@ GUEST_MACHINES = frozenset({"x86_64"})
 
 @dataclass(frozen=True)
 class ProbeResult:
-    device: str
+    device: str  # the path probed; the daemon puts the host's path in its place (kvmhealth/health.py)
     reason: Reason
-    message: str
+    detail: str  # what the probe found, without the device's path: ``message`` says both
     duration_s: float
     rdev: str = ""  # "major:minor" of the node probed; "" when it could not be stat'ed
     api_version: int | None = None
@@ -52,12 +52,18 @@ class ProbeResult:
     def passed(self) -> bool:
         return self.reason is Reason.PASSED
 
+    @property
+    def message(self) -> str:
+        """What a log, /readyz or a report says: the device's path, then what was found."""
+        return f"{self.device}: {self.detail}" if self.device else self.detail
+
     def to_json(self) -> dict[str, Any]:
         return {
             "device": self.device,
             "passed": self.passed,
             "reason": str(self.reason),
-            "message": self.message,
+            "detail": self.detail,
+            "message": self.message,  # what a daemon before ``detail`` reads (its path cut off by prefix)
             "duration_s": round(self.duration_s, 6),
             "rdev": self.rdev,
             "api_version": self.api_version,
@@ -65,23 +71,6 @@ class ProbeResult:
             "ran_guest": self.ran_guest,
             "device_facts": self.device_facts.to_json() if self.device_facts else None,
         }
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> ProbeResult:
-        """Raises KeyError, TypeError or ValueError on what a probe never writes."""
-        facts = data.get("device_facts")
-        api = data.get("api_version")
-        return cls(
-            device=str(data["device"]),
-            reason=Reason(data["reason"]),
-            message=str(data["message"]),
-            duration_s=float(data["duration_s"]),
-            rdev=str(data.get("rdev") or ""),
-            api_version=None if api is None else int(api),
-            exits=tuple(str(e) for e in data.get("exits") or ()),
-            ran_guest=bool(data.get("ran_guest")),
-            device_facts=DeviceFacts.from_json(facts) if facts else None,
-        )
 
 
 class Deadline(Exception):  # noqa: N818  (not an error of the code: the time is up)
@@ -119,18 +108,18 @@ def check(path: str, deadline_s: float, code: bytes = guest.CODE, machine: str |
         return _result(path, failure.reason, failure.message, start, state)
     except Deadline:
         where = f" (the guest's exits so far: {guest.describe(state['exits'])})" if "exits" in state else ""
-        return _result(path, Reason.TIMED_OUT, f"{path}: no answer within {deadline_s:g}s{where}", start, state)
+        return _result(path, Reason.TIMED_OUT, f"no answer within {deadline_s:g}s{where}", start, state)
     ran = state.get("ran_guest", False)
     said = f"the guest made {guest.describe(guest.EXPECTED)}" if ran else "the guest program is x86-64 only: not run"
-    return _result(path, Reason.PASSED, f"{path}: KVM API {abi.API_VERSION}, {said}", start, state)
+    return _result(path, Reason.PASSED, f"KVM API {abi.API_VERSION}, {said}", start, state)
 
 
-def _result(path: str, reason: Reason, message: str, start: float, state: Mapping[str, Any]) -> ProbeResult:
+def _result(path: str, reason: Reason, detail: str, start: float, state: Mapping[str, Any]) -> ProbeResult:
     exits: tuple[guest.Exit, ...] = state.get("exits", ())
     return ProbeResult(
         device=path,
         reason=reason,
-        message=message if message.startswith(path) else f"{path}: {message}",
+        detail=detail,
         duration_s=time.monotonic() - start,
         rdev=state.get("rdev", ""),
         api_version=state.get("api_version"),

@@ -2,7 +2,8 @@
 
 A probe can hang in the kernel, so it never runs in the daemon's process: a child process
 (worker.py) runs it, and the caller waits for its answer on a pipe, on the event loop,
-within ``timeout``. The child bounds itself first (a SIGALRM at most ``CHILD_SHARE`` of
+within ``timeout``. The pipe speaks kvm/wire.py (a check down, its result back), the
+prober's socket's encoding and line bound. The child bounds itself first (a SIGALRM at most ``CHILD_SHARE`` of
 what is left, which interrupts a KVM_RUN that does not return) and answers "timed out" on
 its own; if no answer comes by ``timeout`` the child is killed, and if it has not gone
 ``kill_wait_s`` after SIGKILL (a process stuck in the kernel cannot die until the kernel
@@ -18,12 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from ate_devplugin.kvm import wire
 from ate_devplugin.kvm.probe import ProbeResult
 from ate_devplugin.kvm.reasons import Reason
 
@@ -33,7 +34,6 @@ WORKER = (sys.executable, "-m", "ate_devplugin.kvm.worker")
 CHILD_SHARE = 0.8  # of the time left when the request is sent: the child's own deadline
 KILL_WAIT_S = 0.5  # after SIGKILL, how long the child has to go before it is abandoned
 CLOSE_WAIT_S = 0.2  # at close, how long a worker has to end after its stdin is closed
-MAX_LINE = 64 * 1024
 
 Kill = Callable[[asyncio.subprocess.Process], None]
 
@@ -78,10 +78,10 @@ class ProbeRunner:
                 async with asyncio.timeout(timeout):
                     worker = await self._ready()
                     left = timeout - (loop.time() - start)
-                    request = {"device": device, "deadline_s": round(max(left * CHILD_SHARE, 0.001), 3)}
+                    request = wire.Check(device, round(max(left * CHILD_SHARE, 0.001), 3))
                     assert worker.stdin is not None
                     assert worker.stdout is not None
-                    worker.stdin.write(json.dumps(request).encode() + b"\n")
+                    worker.stdin.write(wire.encode(request))
                     await worker.stdin.drain()
                     line = await worker.stdout.readline()
             except TimeoutError:
@@ -104,7 +104,7 @@ class ProbeRunner:
     async def _ready(self) -> asyncio.subprocess.Process:
         if self._worker is None or self._worker.returncode is not None:
             self._worker = await asyncio.create_subprocess_exec(
-                *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=MAX_LINE
+                *self.command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=wire.MAX_LINE
             )
         return self._worker
 
@@ -113,13 +113,15 @@ class ProbeRunner:
             code = await self._exit_code()
             return _failed(device, Reason.PROBER_FAILED, f"the probe process ended without an answer ({code})", elapsed)
         try:
-            result = ProbeResult.from_json(json.loads(line))
-            if result.device != device:
-                raise ValueError(f"an answer about {result.device!r}")
-        except (ValueError, KeyError, TypeError) as exc:
+            answer = wire.decode(line)
+            if not isinstance(answer, wire.Checked):
+                raise wire.WireError(f"a {type(answer).__name__.lower()}, not an answer")
+            if answer.result.device != device:
+                raise wire.WireError(f"an answer about {answer.result.device!r}")
+        except wire.WireError as exc:
             await self._discard()
             return _failed(device, Reason.PROBER_FAILED, f"the probe process answered nonsense: {exc}", elapsed)
-        return result
+        return answer.result
 
     async def _exit_code(self) -> str:
         worker, self._worker = self._worker, None
@@ -193,5 +195,5 @@ async def probe_once(device: str, timeout: float) -> ProbeResult:
         await runner.close()
 
 
-def _failed(device: str, reason: Reason, message: str, elapsed: float) -> ProbeResult:
-    return ProbeResult(device=device, reason=reason, message=f"{device}: {message}", duration_s=elapsed)
+def _failed(device: str, reason: Reason, detail: str, elapsed: float) -> ProbeResult:
+    return ProbeResult(device=device, reason=reason, detail=detail, duration_s=elapsed)

@@ -1,7 +1,8 @@
-"""The prober's protocol (``--kvm-probe socket``), defined once for both of its ends: the
-daemon (kvmhealth/link.py) and the prober (kvm/prober.py) read every line through
-:func:`decode`, so what one side refuses the other does too (docs/kvm-health.md, "The socket
-protocol").
+"""The probe's protocol, defined once for both of its channels and all four ends: the
+prober's socket (``--kvm-probe socket``: the daemon, kvmhealth/link.py, and the prober,
+kvm/prober.py) and the probe's pipe (kvm/runner.py and its child, kvm/worker.py). Every end
+reads every line through :func:`decode`, so what one side refuses the other does too
+(docs/kvm-health.md, "The socket protocol").
 
 Newline-delimited JSON objects of at most ``MAX_LINE`` bytes, each with ``"v": VERSION`` and
 one key naming its kind:
@@ -14,13 +15,22 @@ probe    daemon              ``{"resource": str, "timeout_s": seconds > 0, "id":
 report   prober              ``{"resource": str, "id": int, "result": ProbeResult.to_json()}``
 wait     daemon              ``{"reason": str}``: another prober is heard; this one waits its turn
 restart  daemon              ``true``: the prober's device is stale, it exits to be restarted
+check    runner (pipe)       ``{"device": path, "deadline_s": seconds > 0}``: probe it now
+checked  worker (pipe)       ``{"result": ProbeResult.to_json()}``: the answer to the check
 =======  ==================  =========================================================
+
+The pipe's two kinds never cross the socket (an end refuses a kind it is not sent): its
+ends are one install's parent and child, so they need no ids and no older version.
 
 Unknown keys are ignored, so a field can be added within a version: ``id`` and ``ids`` came
 after 0.1.0, whose prober echoes no id (its reports are matched by resource, as then) and
-whose daemon sends none. Every value is checked here, type, range and size, before either
-end believes it: a report's device facts reach the CPU profile code (cpu/), which takes
-CPUID registers for 32-bit values.
+whose daemon sends none. A result's ``detail`` (its text without the path, which is
+``device``) came later still: a prober before it sends ``message`` alone (its path is cut
+off here, the one place), and a daemon before it reads ``message``, which is still sent.
+
+Every value is checked here, type, range and size, before either end believes it: a
+report's device facts reach the CPU profile code (cpu/), which takes CPUID registers for
+32-bit values.
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ from ate_devplugin.kvm.reasons import Reason
 
 VERSION = 1
 MAX_LINE = 64 * 1024
-KINDS = ("hello", "probe", "report", "wait", "restart")
+KINDS = ("hello", "probe", "report", "wait", "restart", "check", "checked")
 # Bounds of what a probe writes, with room: a line within MAX_LINE can still carry lists a
 # consumer would iterate for long, or numbers of any size.
 MAX_NAME = 253  # a resource name (a Kubernetes qualified name), a capability or feature name
@@ -87,7 +97,18 @@ class Restart:
     pass
 
 
-Message = Hello | ProbeRequest | Report | Wait | Restart
+@dataclass(frozen=True)
+class Check:
+    device: str  # the path to probe, as the worker sees it
+    deadline_s: float  # the worker's own bound on the probe (probe.check's SIGALRM)
+
+
+@dataclass(frozen=True)
+class Checked:
+    result: ProbeResult  # its device is "" when the worker could not read the check
+
+
+Message = Hello | ProbeRequest | Report | Wait | Restart | Check | Checked
 
 
 class WireError(ValueError):
@@ -121,6 +142,10 @@ def encode(message: Message) -> bytes:
             body = {"wait": {"reason": reason}}
         case Restart():
             body = {"restart": True}
+        case Check(device, deadline_s):
+            body = {"check": {"device": device, "deadline_s": deadline_s}}
+        case Checked(result):
+            body = {"checked": {"result": result.to_json()}}
     line = json.dumps({"v": VERSION, **body}, separators=(",", ":"), allow_nan=False).encode() + b"\n"
     if len(line) > MAX_LINE:
         raise WireError(f"a message of {len(line)} bytes: the protocol's lines are at most {MAX_LINE}")
@@ -160,15 +185,19 @@ def decode(line: bytes) -> Message:
         return Hello(_text(body, "pod", "hello", MAX_NAME + 64, may_be_empty=True), _devices(body.get("devices")), ids)
     if kind == "wait":
         return Wait(_text(body, "reason", "wait", MAX_TEXT, may_be_empty=True))
+    if kind == "check":
+        return Check(_text(body, "device", "check", MAX_PATH), _seconds(body, "deadline_s", kind))
+    if kind == "checked":
+        try:
+            return Checked(_result(body.get("result"), unknown_device=True))
+        except WireError as exc:
+            raise WireError(exc.why, f"checked.{exc.field}") from None
     resource = _text(body, "resource", kind, MAX_NAME)
     request = body.get("id")
     if request is not None and not (_is_int(request) and 0 <= request <= MAX_ID):
         raise WireError(f"{_show(request)} is not a request id (0..2**63-1)", f"{kind}.id", resource)
     if kind == "probe":
-        timeout = body.get("timeout_s")
-        if not (_is_number(timeout) and 0 < timeout <= MAX_TIMEOUT_S):
-            raise WireError(f"{_show(timeout)} is not a number of seconds in (0, {MAX_TIMEOUT_S:g}]", "probe.timeout_s")
-        return ProbeRequest(resource, float(timeout), request)
+        return ProbeRequest(resource, _seconds(body, "timeout_s", kind), request)
     try:
         return Report(resource, _result(body.get("result")), request)
     except WireError as exc:
@@ -178,7 +207,8 @@ def decode(line: bytes) -> Message:
 # --- a probe's result, field by field ----------------------------------------------------
 
 
-def _result(data: object) -> ProbeResult:
+def _result(data: object, unknown_device: bool = False) -> ProbeResult:
+    """``unknown_device``: the device may be "" (a worker's answer to a check it could not read)."""
     if not isinstance(data, dict):
         raise WireError("not an object", "result")
     reason = data.get("reason")
@@ -200,10 +230,12 @@ def _result(data: object) -> ProbeResult:
     if not isinstance(ran, bool):
         raise WireError("not true or false", "result.ran_guest")
     facts = data.get("device_facts")
+    device = _text(data, "device", "result", MAX_PATH, may_be_empty=unknown_device)
+    message = _text(data, "message", "result", MAX_TEXT, may_be_empty=True)
     return ProbeResult(
-        device=_text(data, "device", "result", MAX_PATH),
+        device=device,
         reason=Reason(reason),
-        message=_text(data, "message", "result", MAX_TEXT, may_be_empty=True),
+        detail=_detail(data, device, message),
         duration_s=float(duration),
         rdev=rdev,
         api_version=_count(data, "api_version", "result", 2**31 - 1, optional=True),
@@ -211,6 +243,14 @@ def _result(data: object) -> ProbeResult:
         ran_guest=ran,
         device_facts=None if facts is None else _facts(facts),
     )
+
+
+def _detail(data: Mapping[str, Any], device: str, message: str) -> str:
+    """The text without the path: ``detail``, or from a prober before it, its message, which
+    began with its path (the one place a path is cut from a text, for those probers only)."""
+    if "detail" in data:
+        return _text(data, "detail", "result", MAX_TEXT, may_be_empty=True)
+    return message.removeprefix(f"{device}: ") if device else message
 
 
 def _facts(data: object) -> DeviceFacts:
@@ -294,6 +334,13 @@ def _text(body: Mapping[str, Any], key: str, kind: str, limit: int, may_be_empty
         empty = "" if may_be_empty else "non-empty "
         raise WireError(f"{_show(value)} is not a {empty}string of at most {limit} characters", f"{kind}.{key}")
     return value
+
+
+def _seconds(body: Mapping[str, Any], key: str, kind: str) -> float:
+    value = body.get(key)
+    if not (_is_number(value) and 0 < value <= MAX_TIMEOUT_S):
+        raise WireError(f"{_show(value)} is not a number of seconds in (0, {MAX_TIMEOUT_S:g}]", f"{kind}.{key}")
+    return float(value)
 
 
 def _count(body: Mapping[str, Any], key: str, where: str, most: int, optional: bool = False, least: int = 0) -> Any:

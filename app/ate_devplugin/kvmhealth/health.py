@@ -4,9 +4,9 @@ Each resource with ``health: kvm`` is probed at start, on every change of its de
 and every period (monitor.py's schedule), by the daemon itself or by the prober pod
 (probes.py). Each verdict updates the resource's state, its metrics and log, and the state
 of every resource is told to the other components at once (kvmstate.KvmChanged). A node
-that is not KVM's ``10:232`` fails at once, unopened (kvmstate.not_kvm). In socket mode
-there is no verdict before the prober's first report, nor once it has been gone for three
-periods: existence alone counts then.
+that is not KVM's ``10:232`` fails at once, unopened (kvmstate.not_kvm). A node with no
+verdict (none yet, or the probes withdrew theirs) is judged by existence, and rendered as
+the probes say (probes.Pending): this module never knows whether there is a prober.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ate_devplugin.kvm.facts import DeviceFacts, NodeFacts
 from ate_devplugin.kvm.probe import ProbeResult
 from ate_devplugin.kvm.reasons import CANNOT_PROBE, Reason
 from ate_devplugin.kvmhealth.monitor import Schedule
-from ate_devplugin.kvmhealth.probes import Probes
+from ate_devplugin.kvmhealth.probes import Change, Probes
 from ate_devplugin.kvmstate import KvmChanged, KvmState, failure_text, not_kvm, probed_node, restore_answers
 from ate_devplugin.observability.logs import SaidOnce
 from ate_devplugin.observability.metrics import KvmMetrics
@@ -71,7 +71,6 @@ class KvmHealth:
         self.node_facts = node_facts  # read once, by the composition root
         self.schedule = Schedule(settings.kvm_probe_period, self._probe, self._periodic, rng)
         self._probed: dict[str, _Probed] = {}
-        self._prober_away_s: float | None = None  # set while the prober is gone (past its grace)
         self._failures = SaidOnce()  # the failure logged, per resource, while it lasts
         self._answers = SaidOnce()  # the restore answer logged, per resource and profile, until it changes
         self._tell: Tell | None = None
@@ -84,7 +83,7 @@ class KvmHealth:
 
     async def start(self, resources: Resources, guard: Guard) -> None:
         self._guard = guard
-        await self.probes.start(self._prober_came, self._prober_gone)
+        await self.probes.start(self._probes_changed)
         for resource in resources:
             self._add(resource)
         self._publish()
@@ -126,7 +125,7 @@ class KvmHealth:
             elif (verdict := not_kvm(node)) is not None:
                 self._set(probed, verdict)
             else:
-                if not self.probes.follows_changes and probed.verdict and probed.verdict.reason is Reason.NOT_KVM:
+                if not self.probes.pending().follows and probed.verdict and probed.verdict.reason is Reason.NOT_KVM:
                     self._set(probed, None)  # of the node before: none holds until it is probed
                 self.schedule.wake(name)
 
@@ -142,10 +141,8 @@ class KvmHealth:
                 said.append(
                     f"KVM probe could not judge the device: {probed.cannot.reason}: {probed.cannot.message} ({name})"
                 )
-            elif verdict is None and probed.node is not None and self._prober_away_s is not None:
-                said.append(f"KVM probe: no prober for {self._prober_away_s:.0f}s ({name})")
-            elif verdict is None and probed.node is not None and self.probes.waiting:
-                said.append(f"KVM probe: {self.probes.waiting} ({name})")
+            elif verdict is None and probed.node is not None and (pending := self.probes.pending().said):
+                said.append(f"KVM probe: {pending} ({name})")
         return True, "; ".join(said)
 
     # --- the resources --------------------------------------------------------------
@@ -156,8 +153,7 @@ class KvmHealth:
         assert self._guard is not None, "started"
         self._probed[resource.name] = _Probed(resource, self._state(resource, None, None))
         self.metrics.add_resource(resource.name, REASONS)
-        if self._prober_away_s is not None:
-            self.metrics.set_state(resource.name, "prober-gone")  # added by a reload while it is away
+        self.metrics.set_state(resource.name, self.probes.pending().state)  # added by a reload: as the others
         self.schedule.add(resource.name, self._guard)
 
     async def _remove(self, name: str) -> None:
@@ -182,7 +178,7 @@ class KvmHealth:
         changes = probed.changes
         result = await self.probes.probe(name, node, self.settings.kvm_probe_timeout)
         if result is None:
-            return  # nobody to ask: the state stays until a prober comes (or its grace ends)
+            return  # nobody to ask: the state stays until the probes say it changed
         self.metrics.duration.labels(name).observe(result.duration_s)
         # The node changed while it was probed (gone and back counts: the probe may have
         # found it missing): that verdict is of another node, and the new one is probed.
@@ -191,35 +187,36 @@ class KvmHealth:
         if result.rdev and result.rdev != f"{node.major}:{node.minor}":
             self.probes.stale()
             return
-        self._set(probed, _as_host_path(result, node.host_path))
+        # The verdict is on the host's path (the probe opened it under the device root, or
+        # in the prober's container): the path is a field, the message says it from there.
+        self._set(probed, replace(result, device=node.host_path))
 
-    def _prober_came(self) -> None:
-        self._prober_away_s = None
+    def _probes_changed(self, change: Change) -> None:
+        """They answer again: the nodes with no verdict say so, and every one is probed. They
+        withdrew their verdicts: those go, the device is judged by existence and the 10:232
+        check again."""
+        if change is Change.WITHDRAWN:
+            for probed in self._probed.values():
+                if probed.verdict is None or probed.verdict.reason is not Reason.NOT_KVM:  # that one is decided here
+                    self._set(probed, None)
+            return
+        state = self.probes.pending().state
         for name, probed in self._probed.items():
             if probed.verdict is None:
-                self.metrics.set_state(name, "unverified")  # until its first report
+                self.metrics.set_state(name, state)  # until its first verdict
         self.schedule.wake_all()
 
-    def _prober_gone(self, away_s: float) -> None:
-        """No prober for the grace: its verdicts go (a missing prober is not proof of a broken
-        device), the device is judged by existence and the 10:232 check again."""
-        self._prober_away_s = away_s
-        log.warning("no KVM prober for %.0fs: the devices are judged by existence", away_s)
-        for probed in self._probed.values():
-            if probed.verdict is None or probed.verdict.reason is not Reason.NOT_KVM:  # that one is decided here
-                self._set(probed, None)
-
     def _set(self, probed: _Probed, result: ProbeResult | None) -> None:
-        """``None``: no verdict holds, the state is prober-gone while the prober is (a node
-        that changes meanwhile does not hide that it is), else unverified. A result that says
-        the probe could not judge the device holds no verdict either (existence counts): its
-        state is cannot-probe, with its reason."""
+        """``None``: no verdict holds, the state is what the probes say (probes.Pending: a node
+        that changes meanwhile does not hide that the prober is gone). A result that says the
+        probe could not judge the device holds no verdict either (existence counts): its state
+        is cannot-probe, with its reason."""
         name = probed.config.name
         previous = probed.cannot or probed.verdict
         facts: DeviceFacts | None = probed.state.device_facts
         probed.cannot = result if result is not None and result.reason in CANNOT_PROBE else None
         if result is None:
-            self.metrics.set_state(name, "unverified" if self._prober_away_s is None else "prober-gone", REASONS)
+            self.metrics.set_state(name, self.probes.pending().state, REASONS)
             self._failures.over(name)
         else:
             self.metrics.verdicts.labels(name, result.reason).inc()
@@ -260,12 +257,3 @@ class KvmHealth:
     def _publish(self) -> None:
         assert self._tell is not None, "told where to tell (tell_to) before it starts"
         self._tell(KvmChanged({name: probed.state for name, probed in self._probed.items()}))
-
-
-def _as_host_path(result: ProbeResult, host_path: str) -> ProbeResult:
-    """The verdict on the host's path (the probe opened it under the device root, or in the prober's container)."""
-    probed = result.device
-    if probed == host_path:
-        return result
-    message = host_path + result.message[len(probed) :] if result.message.startswith(probed) else result.message
-    return replace(result, device=host_path, message=message)

@@ -33,6 +33,7 @@ from ate_devplugin.host.sockdir import own_directory
 from ate_devplugin.kvm import wire
 from ate_devplugin.kvm.probe import ProbeResult
 from ate_devplugin.kvm.reasons import Reason
+from ate_devplugin.kvmhealth.probes import Change, Pending
 from ate_devplugin.observability.logs import SaidOnce
 from ate_devplugin.observability.metrics import KvmMetrics
 
@@ -68,13 +69,13 @@ class _Asked:
 class ProberLink:
     """Probes (kvmhealth/probes.py) by asking the connected prober.
 
-    ``came`` is called when a prober is heard (then every resource is probed at once),
-    ``gone`` once none has been heard for ``grace_s`` (from the start, or from its
-    disconnection), and again after each later connection that ends without a return."""
+    ``changed`` is told ANSWERING when a prober is heard (then every resource is probed at
+    once), WITHDRAWN once none has been heard for ``grace_s`` (from the start, or from its
+    disconnection), and again after each later connection that ends without a return. A node
+    with no verdict is ``unverified`` while a prober may answer, ``prober-gone`` past the grace."""
 
-    waiting = "waiting for the prober"
     # A prober may never come (or be admitted): the verdict on the node before is not kept.
-    follows_changes = False
+    WAITING = Pending(said="waiting for the prober")
 
     def __init__(
         self,
@@ -95,8 +96,7 @@ class ProberLink:
         self.connections = 0  # accepted since start: what a reconnect storm would show
         self._refusals = SaidOnce(remember=8)  # per kind of refusal, the peers said while they last
         self._refused_at: dict[str, float] = {}  # per kind, when the last came
-        self._came: Callable[[], None] = lambda: None
-        self._gone: Callable[[float], None] = lambda away_s: None
+        self._changed: Callable[[Change], None] = lambda change: None
         self._server: asyncio.Server | None = None
         self._inode = -1
         self._heard: _Prober | None = None
@@ -105,6 +105,7 @@ class ProberLink:
         self._ids = itertools.count(1)
         self._gone_timer: asyncio.TimerHandle | None = None
         self._away_since = 0.0
+        self._away_s: float | None = None  # how long none was heard, once past the grace
         self._turn = asyncio.Lock()
 
     @property
@@ -112,9 +113,14 @@ class ProberLink:
         """The hello of the prober heard; None while there is none."""
         return self._heard.hello if self._heard else None
 
-    async def start(self, came: Callable[[], None], gone: Callable[[float], None]) -> None:
+    def pending(self) -> Pending:
+        if self._away_s is None:
+            return self.WAITING
+        return Pending("prober-gone", f"no prober for {self._away_s:.0f}s")
+
+    async def start(self, changed: Callable[[Change], None]) -> None:
         """Raises OSError (host/sockdir.SocketDirError: one line naming what to remove)."""
-        self._came, self._gone = came, gone
+        self._changed = changed
         directory = os.path.dirname(self.path) or "."
         # The daemon cannot chown (no capability): a prober of its own uid gets a directory
         # only they reach; one of another uid reaches a socket anyone may connect to, and the
@@ -162,8 +168,8 @@ class ProberLink:
                     # Its worker bounds the probe: a prober silent past that is stuck, and one waits.
                     log.warning("the KVM prober %s answers nothing: the next one in line is heard", prober.who)
                     _drop(prober.writer)
-                message = f"the prober sent no report within {timeout + REPLY_SLACK_S:g}s"
-                return ProbeResult(resource, Reason.TIMED_OUT, message, loop.time() - start)
+                detail = f"the prober sent no report within {timeout + REPLY_SLACK_S:g}s"
+                return ProbeResult(node.host_path, Reason.TIMED_OUT, detail, loop.time() - start)
             except ConnectionError:
                 return None  # the prober left before answering: no verdict
             finally:
@@ -257,7 +263,8 @@ class ProberLink:
             self._gone_timer = None
         extra = {"pod": prober.hello.pod, "devices": dict(prober.hello.devices), "connections": self.connections}
         log.info("KVM prober connected", extra=extra)  # connections since start: a storm would show
-        self._came()
+        self._away_s = None
+        self._changed(Change.ANSWERING)
 
     def _left(self, prober: _Prober) -> None:
         if prober in self._line:
@@ -311,7 +318,9 @@ class ProberLink:
     def _timer(self) -> None:
         self._gone_timer = None
         if self._heard is None:
-            self._gone(asyncio.get_running_loop().time() - self._away_since)
+            self._away_s = away_s = asyncio.get_running_loop().time() - self._away_since
+            log.warning("no KVM prober for %.0fs: the devices are judged by existence", away_s)
+            self._changed(Change.WITHDRAWN)
 
 
 def _drop(writer: asyncio.StreamWriter) -> None:

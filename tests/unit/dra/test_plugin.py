@@ -531,7 +531,7 @@ async def test_who_reads_pods_hears_of_every_prepare_and_unprepare_and_knows_eve
 
 
 def verdict(reason: Reason, facts: DeviceFacts | None = None) -> ProbeResult:
-    return ProbeResult(device="/dev/kvm", reason=reason, message=f"/dev/kvm: {reason}", duration_s=0.001,
+    return ProbeResult(device="/dev/kvm", reason=reason, detail=str(reason), duration_s=0.001,
                        device_facts=facts)  # fmt: skip
 
 

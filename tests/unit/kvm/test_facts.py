@@ -8,19 +8,19 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ate_devplugin.config import MAX_PATH_CHARS
 from ate_devplugin.cpu.features import EAX, EBX, FEATURE_REGISTERS, IDENTITY_REGISTERS, Register
 from ate_devplugin.cpu.profile import Tsc
-from ate_devplugin.kvm import cpuid
+from ate_devplugin.kvm import cpuid, wire
 from ate_devplugin.kvm.attributes import Version, attributes, kernel_version
 from ate_devplugin.kvm.cpuid import Entry
 from ate_devplugin.kvm.facts import CAPABILITIES, DeviceFacts, NodeFacts, cpu_profile, read_node_facts
 from ate_devplugin.kvm.probe import ProbeResult
 from ate_devplugin.kvm.reasons import Reason
-from ate_devplugin.kvm.runner import MAX_LINE
 
 # The start of /proc/cpuinfo on these machines (and what another vendor's looks like).
 INTEL_UNDER_PVM = """processor\t: 0
@@ -244,21 +244,29 @@ def test_the_cpu_profile_of_these_machines_facts() -> None:
 
 
 def test_the_device_facts_go_through_json_and_an_older_probers_read_too() -> None:
+    """As the daemon reads them, in a prober's report (kvm/wire.py)."""
+
+    def read(facts: dict[str, Any]) -> DeviceFacts | None:
+        result = {**ProbeResult("/dev/kvm", Reason.PASSED, "ok", 0.0).to_json(), "device_facts": facts}
+        message = wire.decode(json.dumps({"v": wire.VERSION, "report": {"resource": "r", "result": result}}).encode())
+        assert isinstance(message, wire.Report)
+        return message.result.device_facts
+
     device = DeviceFacts(12, {"max_vcpus": 1024}, "0" * 32, ("cx16",), cpuid.registers(ENTRIES), 2599998)
-    assert DeviceFacts.from_json(json.loads(json.dumps(device.to_json()))) == device
+    assert read(json.loads(json.dumps(device.to_json()))) == device
     older = {"api_version": 12, "capabilities": {"max_vcpus": 1024}, "cpuid_digest": "0" * 32, "cpu_features": ["cx16"]}
-    assert DeviceFacts.from_json(older) == DeviceFacts(12, {"max_vcpus": 1024}, "0" * 32, ("cx16",))
+    assert read(older) == DeviceFacts(12, {"max_vcpus": 1024}, "0" * 32, ("cx16",))
     with pytest.raises(ValueError, match="not a CPUID register"):
-        DeviceFacts.from_json({**older, "cpuid_registers": {"leaf 7": 1}})
+        read({**older, "cpuid_registers": {"leaf 7": 1}})
 
 
 def test_the_largest_probe_result_stays_far_inside_the_probers_line() -> None:
     """Every register a profile reads with every bit set, the longest device path the config
-    takes and every notable feature: the result's line against the 64 KiB bound (runner.py,
-    kvmhealth/link.py)."""
+    takes and every notable feature: the result's line against the 64 KiB bound (kvm/wire.py:
+    the pipe and the socket)."""
     full = dict.fromkeys((*IDENTITY_REGISTERS, *FEATURE_REGISTERS), 4294967295)
     device = DeviceFacts(12, dict.fromkeys(CAPABILITIES, 2**31), "f" * 32, tuple(cpuid.NOTABLE), full, 2**32 - 1)
     path = "/dev/" + "d" * (MAX_PATH_CHARS - 5)
-    result = ProbeResult(path, Reason.PASSED, path + ": " + "m" * 200, 5.0, "10:232", 12, ("hlt",) * 8, True, device)
+    result = ProbeResult(path, Reason.PASSED, "m" * 200, 5.0, "10:232", 12, ("hlt",) * 8, True, device)
     line = json.dumps(result.to_json()).encode()
-    assert len(line) < MAX_LINE // 8, len(line)
+    assert len(line) < wire.MAX_LINE // 8, len(line)

@@ -4,14 +4,16 @@ JSON. The probe of a real KVM device is in tests/kvm."""
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from ate_devplugin.kvm import abi, guest
+from ate_devplugin.kvm import abi, guest, wire
 from ate_devplugin.kvm.facts import DeviceFacts
 from ate_devplugin.kvm.probe import Deadline, ProbeResult, check, deadline
 from ate_devplugin.kvm.reasons import Reason, StepError
@@ -102,14 +104,21 @@ def test_each_exit_the_program_never_makes_is_a_reason_with_what_kvm_said(
 
 
 def test_a_result_goes_through_json_unchanged() -> None:
+    """Through the probe's pipe, as the worker writes it and the runner reads it (kvm/wire.py)."""
+
+    def through_the_pipe(data: dict[str, Any]) -> ProbeResult:
+        message = wire.decode(json.dumps({"v": wire.VERSION, "checked": {"result": data}}).encode())
+        assert isinstance(message, wire.Checked)
+        return message.result
+
     facts = DeviceFacts(12, {"max_vcpus": 1024, "irqchip": 1}, "0" * 32, ("cx16", "x2apic"))
     result = ProbeResult("/dev/kvm", Reason.PASSED, "ok", 0.0071, "10:232", 12, ("out 0x3f8 '4'", "hlt"), True, facts)
-    assert ProbeResult.from_json(result.to_json()) == result
+    assert through_the_pipe(result.to_json()) == result
     assert result.to_json()["passed"] is True
     failed = ProbeResult("/dev/kvm", Reason.TIMED_OUT, "late", 5.0)
-    assert ProbeResult.from_json(failed.to_json()) == failed
+    assert through_the_pipe(failed.to_json()) == failed
     with pytest.raises(ValueError, match="no-such-reason"):
-        ProbeResult.from_json({**failed.to_json(), "reason": "no-such-reason"})
+        through_the_pipe({**failed.to_json(), "reason": "no-such-reason"})
 
 
 def test_every_reason_code_is_a_valid_label_value() -> None:

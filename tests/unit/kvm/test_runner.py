@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import json
 import os
 import signal
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ate_devplugin.kvm import worker
+from ate_devplugin.kvm import wire, worker
 from ate_devplugin.kvm.reasons import Reason
 from ate_devplugin.kvm.runner import ProbeRunner
 
@@ -43,8 +42,10 @@ def starts(log: Path) -> int:
 DIES = child("import sys; sys.stdin.readline(); sys.exit(3)")
 NONSENSE = child("import sys; sys.stdin.readline(); print('not json', flush=True); sys.stdin.readline()")
 WRONG_DEVICE = child(
-    "import json, sys; sys.stdin.readline(); "
-    "print(json.dumps({'device': '/dev/other', 'reason': 'passed', 'message': '', 'duration_s': 0}), flush=True)"
+    "import sys; from ate_devplugin.kvm import wire; from ate_devplugin.kvm.probe import ProbeResult; "
+    "from ate_devplugin.kvm.reasons import Reason; sys.stdin.readline(); "
+    "sys.stdout.buffer.write(wire.encode(wire.Checked(ProbeResult('/dev/other', Reason.PASSED, '', 0.0)))); "
+    "sys.stdout.flush()"
 )
 
 
@@ -152,7 +153,10 @@ async def test_a_child_that_outlives_its_kill_is_abandoned_and_never_waited_for(
 async def test_a_child_that_dies_or_talks_nonsense_is_a_prober_failure() -> None:
     for command, text in (
         (DIES, "/dev/kvm: the probe process ended without an answer (exit code 3)"),
-        (NONSENSE, "/dev/kvm: the probe process answered nonsense: Expecting value: line 1 column 1 (char 0)"),
+        (
+            NONSENSE,
+            "/dev/kvm: the probe process answered nonsense: not JSON: Expecting value: line 1 column 1 (char 0)",
+        ),
         (WRONG_DEVICE, "/dev/kvm: the probe process answered nonsense: an answer about '/dev/other'"),
         ([str(Path("/nonexistent/python"))], "/dev/kvm: the probe process failed: [Errno 2] No such file or directory"),
     ):
@@ -201,19 +205,25 @@ async def test_close_ends_the_worker_through_its_stdin(prober: ProbeRunner) -> N
 
 
 def test_the_worker_answers_each_line_and_a_bad_request_with_a_prober_failure() -> None:
-    requests = io.StringIO('{"device": "/dev/null", "deadline_s": 1}\nnot json\n{"device": "/dev/null"}\n')
-    out = io.StringIO()
+    """Both ends of the pipe speak kvm/wire.py: a request it cannot read is told in wire's words."""
+    check = wire.encode(wire.Check("/dev/null", 1.0))
+    requests = io.BytesIO(check + b"not json\n" + b'{"v":1,"check":{"device":"/dev/null"}}\n')
+    out = io.BytesIO()
     worker.serve(requests, out)
-    answers = [json.loads(line) for line in out.getvalue().splitlines()]
-    assert [a["reason"] for a in answers] == ["not-a-kvm-device", "prober-failed", "prober-failed"]
-    assert answers[1]["message"].startswith("the probe could not read its request: Expecting value")
-    assert answers[2]["message"] == "the probe could not read its request: 'deadline_s'"
+    answers = [wire.decode(line) for line in out.getvalue().splitlines(keepends=True)]
+    assert all(isinstance(a, wire.Checked) for a in answers)
+    results = [a.result for a in answers if isinstance(a, wire.Checked)]
+    assert [r.reason for r in results] == ["not-a-kvm-device", "prober-failed", "prober-failed"]
+    assert results[1].message.startswith("the probe could not read its request: not JSON: Expecting value")
+    assert results[2].message == (
+        "the probe could not read its request: check.deadline_s: None is not a number of seconds in (0, 86400]"
+    )
 
 
 def test_the_worker_ignores_the_terminals_interrupt() -> None:
     previous = signal.getsignal(signal.SIGINT)
     try:
-        sys.stdin, saved = io.StringIO(""), sys.stdin
+        sys.stdin, saved = io.TextIOWrapper(io.BytesIO()), sys.stdin
         try:
             worker.main()
         finally:

@@ -18,13 +18,13 @@ from ate_devplugin.kvm.verify import lines, verify
 
 PVM_NODE = NodeFacts("amd64", "GenuineIntel", 6, 167, 1, "Intel(R) Xeon(R) Processor", True, "pvm", "6.18.44-fc-v1147")
 PASSED = ProbeResult(
-    "/dev/kvm", Reason.PASSED, "/dev/kvm: ok", 0.0079, "10:232", 12, ("out 0x3f8 '4'", "out 0x3f8 '\\n'", "hlt"), True,
+    "/dev/kvm", Reason.PASSED, "ok", 0.0079, "10:232", 12, ("out 0x3f8 '4'", "out 0x3f8 '\\n'", "hlt"), True,
     DeviceFacts(12, {}, "e4da580d0f0efc260d1b9abad8ce7814", ("cx16", "x2apic")),
 )  # fmt: skip
 ROOT_0600 = Node(0o20600, 0, 0)  # crw------- root:root
 ROOT_NO_CAPS = Identity(0, 0, (0,), 0)
 NOT_KVM = ProbeResult(
-    "/dev/kvm", Reason.NOT_KVM, "/dev/kvm: character device 1:3 does not answer KVM_GET_API_VERSION: ENOTTY", 0.0001,
+    "/dev/kvm", Reason.NOT_KVM, "character device 1:3 does not answer KVM_GET_API_VERSION: ENOTTY", 0.0001,
     "1:3",
 )  # fmt: skip
 
@@ -74,7 +74,7 @@ def test_unknown_and_ambiguous_implementations_are_said_plainly() -> None:
 
 
 def denied(mode: int, gid: int = 0, errno_name: str = "EACCES (Permission denied)") -> ProbeResult:
-    return ProbeResult("/dev/kvm", Reason.NO_PERMISSION, f"/dev/kvm: opening character device 10:232: {errno_name}",
+    return ProbeResult("/dev/kvm", Reason.NO_PERMISSION, f"opening character device 10:232: {errno_name}",
                        0.001, "10:232")  # fmt: skip
 
 

@@ -31,7 +31,7 @@ FUZZ = settings(
 )
 VENDOR = Register(0, 0, 1)
 FACTS = DeviceFacts(12, {"max_vcpus": 1024}, "ab" * 16, ("sse", "vmx"), {VENDOR: 0x756E6547}, 2_995_200)
-RESULT = ProbeResult("/dev/kvm", Reason.PASSED, "/dev/kvm: ok", 0.02, "10:232", 12, ("hlt",), True, FACTS)
+RESULT = ProbeResult("/dev/kvm", Reason.PASSED, "ok", 0.02, "10:232", 12, ("hlt",), True, FACTS)
 NODE = NodeFacts("amd64", "GenuineIntel", 6, 85, 7, "Xeon", False, "vmx", "6.1")
 
 
@@ -61,6 +61,9 @@ def test_every_message_reads_back_as_written() -> None:
         wire.Report("ate.dev/kvm", ProbeResult("/dev/kvm", Reason.RUN, "no", 0.0)),
         wire.Wait("another prober is heard"),
         wire.Restart(),
+        wire.Check("/dev/kvm", 4.0),
+        wire.Checked(RESULT),
+        wire.Checked(ProbeResult("", Reason.PROBER_FAILED, "the probe could not read its request", 0.0)),
     ):
         assert wire.decode(wire.encode(message)) == message
 
@@ -74,6 +77,18 @@ def test_the_messages_of_0_1_0_still_read() -> None:
     assert wire.decode(line(old)) == wire.Report("ate.dev/kvm", RESULT, None)
     hello = b'{"v":1,"hello":{"pod":"ns/p","devices":{"ate.dev/kvm":"/dev/kvm"}}}'
     assert wire.decode(hello) == wire.Hello("ns/p", {"ate.dev/kvm": "/dev/kvm"}, ids=False)
+
+
+def test_the_path_is_a_field_and_a_daemon_or_prober_before_it_still_reads() -> None:
+    """The result's text comes without its path (``detail``); ``message`` still says both, as
+    a daemon before ``detail`` reads it, and a prober before it sends only that."""
+    sent = RESULT.to_json()
+    assert (sent["device"], sent["detail"], sent["message"]) == ("/dev/kvm", "ok", "/dev/kvm: ok")
+    older = {k: v for k, v in sent.items() if k != "detail"}
+    message = wire.decode(line({"v": 1, "report": {"resource": "ate.dev/kvm", "result": older}}))
+    assert isinstance(message, wire.Report)
+    assert (message.result.detail, message.result.message) == ("ok", "/dev/kvm: ok")
+    assert message.result == RESULT
 
 
 # (case, the line, the field the error names): each a fault case of the report's surface
@@ -112,6 +127,8 @@ BAD_REPORTS = [
     ("rdev", report(rdev="../x"), "report.result.rdev"),
     ("exits unbounded", report(exits=["x"] * (wire.MAX_ITEMS + 1)), "report.result.exits"),
     ("message huge", report(message="x" * (wire.MAX_TEXT + 1)), "report.result.message"),
+    ("detail huge", report(detail="x" * (wire.MAX_TEXT + 1)), "report.result.detail"),
+    ("detail a number", report(detail=1), "report.result.detail"),
     ("device missing", report(device=""), "report.result.device"),
     ("api a float", report(api_version=12.5), "report.result.api_version"),
     ("ran_guest a text", report(ran_guest="yes"), "report.result.ran_guest"),

@@ -85,7 +85,7 @@ async def test_the_file_follows_the_verdicts(tmp_path: Path) -> None:
 def test_a_directory_it_cannot_write_is_said_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING)
     file = FeatureFile(str(tmp_path / "absent"), "ate.dev", 900)
-    passed = ProbeResult("/dev/kvm", Reason.PASSED, "/dev/kvm: passed", 0.001, device_facts=DEVICE)
+    passed = ProbeResult("/dev/kvm", Reason.PASSED, "passed", 0.001, device_facts=DEVICE)
     for version in (12, 13, 14):  # three states told, each new labels and a write that fails
         file.on_view(kvm_view(KvmState("/dev/kvm", passed, NODE, replace(DEVICE, api_version=version))))
     assert [r.getMessage().split(":")[0] for r in caplog.records] == ["cannot write the NFD feature file"]
@@ -96,7 +96,7 @@ async def test_the_labels_expire_unless_renewed_every_third_of_their_time(tmp_pa
     them, and a verdict between renewals does not move the time (nor wake nfd-worker)."""
     now = [1_800_000_000.0]
     file = FeatureFile(str(tmp_path), "ate.dev", 0.3, clock=lambda: now[0])
-    passed = ProbeResult("/dev/kvm", Reason.PASSED, "/dev/kvm: passed", 0.001, device_facts=DEVICE)
+    passed = ProbeResult("/dev/kvm", Reason.PASSED, "passed", 0.001, device_facts=DEVICE)
     file.on_view(kvm_view(KvmState("/dev/kvm", passed, NODE, DEVICE)))
 
     def expiry() -> str:

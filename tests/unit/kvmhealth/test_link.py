@@ -186,8 +186,8 @@ async def test_a_stopping_daemon_leaves_the_next_ones_socket(tmp_path: Path) -> 
         ProberLink(path, 60.0, me, KvmMetrics(CollectorRegistry())),
         ProberLink(path, 60.0, me, KvmMetrics(CollectorRegistry())),
     )
-    await old.start(lambda: None, lambda away_s: None)
-    await new.start(lambda: None, lambda away_s: None)
+    await old.start(lambda change: None)
+    await new.start(lambda change: None)
     await old.close()
     assert Path(path).is_socket()
     await new.close()

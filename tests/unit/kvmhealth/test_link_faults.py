@@ -35,7 +35,7 @@ from tests.unit.kvmhealth.test_monitor import KVM, FakeProber, Harness, until
 # A restore profile: a report's device facts reach cpu/ through its answers.
 RESTORED = ResourceConfig(name=KVM.name, devices=KVM.devices, restore_profiles=(RestoreProfile("any"),))
 FACTS = DeviceFacts(12, {"tsc_control": 0}, "ab" * 16, ("sse",), {}, 2_599_998)
-PASSED = ProbeResult("/dev/kvm", Reason.PASSED, "/dev/kvm: ok", 0.001, "10:232", device_facts=FACTS)
+PASSED = ProbeResult("/dev/kvm", Reason.PASSED, "ok", 0.001, "10:232", device_facts=FACTS)
 
 
 @pytest.fixture
@@ -149,7 +149,7 @@ async def test_a_late_answer_is_not_taken_for_the_current_request(harness: Harne
         second = await peer.request()
         assert second.request != first.request
         assert (h.told[-1:], h.verdict()) == ([(KVM.name, Reason.TIMED_OUT)], h.verdict())
-        failed = ProbeResult("/dev/kvm", Reason.RUN, "/dev/kvm: late", 0.001, "10:232")
+        failed = ProbeResult("/dev/kvm", Reason.RUN, "late", 0.001, "10:232")
         await peer.report(first, failed)
         await until(lambda: refused(h, "late") == 1, "the late answer refused")
         await peer.report(second)

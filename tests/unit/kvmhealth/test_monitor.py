@@ -54,7 +54,7 @@ class FakeProber:
         self.paths.append(device)
         await asyncio.sleep(self.delay)
         reason = self.answer(device)
-        return ProbeResult(device=device, reason=reason, message=f"{device}: {reason}", duration_s=0.001, rdev="10:232")
+        return ProbeResult(device=device, reason=reason, detail=str(reason), duration_s=0.001, rdev="10:232")
 
     async def close(self) -> None:
         self.closed = True
