@@ -187,7 +187,9 @@ class DraPlugin:
         self.health.update(reports)
         for gone in set(self._healthy) - view.keys():
             del self._healthy[gone]
-            self.metrics.health_changed.remove(gone)
+            # Left the config: no series of it stays (publish set them to 0, as for an absent one).
+            for gauge in (self.metrics.health_changed, self.metrics.slice_devices, self.metrics.tainted_devices):
+                gauge.remove(gone)
 
     def _note_health(self, resource: str, healthy: bool) -> None:
         """The time of a change of the resource's health (absent until first seen present)."""
