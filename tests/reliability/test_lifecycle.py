@@ -276,7 +276,11 @@ def test_sigusr1_writes_the_state_to_the_log_and_nothing_stops(
     print(f"SIGUSR1: {state}")
     assert alive(d)
     assert (plugins / SOCKET).is_socket()
-    assert state["resources"]["ate.dev/kvm"] == {"devices": ["/dev/kvm 10:232"], "complete": True}
+    assert state["resources"]["ate.dev/kvm"] == {
+        "devices": ["/dev/kvm 10:232"],
+        "complete": True,
+        "health": "every device node present",
+    }
     assert set(state["components"]) == {"device plugin", "CDI specs", "kvm probe"}
     assert state["alive"] is True
 
