@@ -153,7 +153,14 @@ as a whole, and .Pool its name. Writes the list to .contexts of the dict it is g
 {{- range $name := keys $root.Values.pools | sortAlpha -}}
 {{- $values := deepCopy $root.Values -}}
 {{- range $key, $value := index $root.Values.pools $name -}}
+{{- if eq $key "kvmProbe" -}}
+{{- /* A pool's kvmProbe replaces the top-level kvmProbe's keys one by one. */ -}}
+{{- $probe := deepCopy $values.kvmProbe -}}
+{{- range $k, $v := $value }}{{ $_ := set $probe $k $v }}{{ end -}}
+{{- $_ := set $values $key $probe -}}
+{{- else -}}
 {{- $_ := set $values $key $value -}}
+{{- end -}}
 {{- end -}}
 {{- $contexts = append $contexts (dict "Values" $values "Pool" $name "Release" $root.Release "Chart" $root.Chart "Capabilities" $root.Capabilities "Template" $root.Template "Files" $root.Files) -}}
 {{- else -}}
