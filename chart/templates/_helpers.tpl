@@ -275,11 +275,13 @@ The project's home (values.home, no trailing slash): its source repository.
 {{- end -}}
 
 {{/*
-A link to a file of the project's repository, as GitHub serves it:
+A link to a file of the project's repository at the chart's version (the tag v<version>,
+which tools/release.sh asks to push with the release), as GitHub serves it, so that the
+runbook and pages an installed chart links to are those of its own release:
   include "ate-devplugin.docsUrl" (list . "docs/dra.md")
 */}}
 {{- define "ate-devplugin.docsUrl" -}}
-{{- printf "%s/blob/main/%s" (include "ate-devplugin.home" (index . 0)) (index . 1) -}}
+{{- printf "%s/blob/v%s/%s" (include "ate-devplugin.home" (index . 0)) (index . 0).Chart.Version (index . 1) -}}
 {{- end -}}
 
 {{/*
