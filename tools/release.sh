@@ -23,6 +23,8 @@
 #                                        is R/ate-devplugin (values.yaml's image.registry and
 #                                        image.repository are set to it in the packaged
 #                                        copy), tag V
+# The chart's links (alerts' runbook_url, NOTES, DeviceClass comments) name the tag vV of
+# home's repository: tag the released commit vV and push the tag.
 # Users then install it with (the namespace first, labelled for Pod Security's privileged level:
 # the daemon mounts host paths; chart/README.md, Install)
 #   helm install ate-devplugin oci://R/charts/ate-devplugin --version V --namespace ate-system
@@ -159,6 +161,8 @@ PY
 "$HELM" package "$work/ate-devplugin" --destination "$work" >/dev/null
 echo "release.sh: pushing chart ate-devplugin $version to $chart_ref"
 "$HELM" push "$work/ate-devplugin-$version.tgz" "$chart_ref"
+echo "release.sh: the chart's runbook and documentation links point at the tag v$version of home's"
+echo "  repository: tag this commit and push it (git tag v$version && git push origin v$version)"
 echo "release.sh: done. Install with:"
 echo "  $namespace"
 echo "  $install"

@@ -153,7 +153,14 @@ as a whole, and .Pool its name. Writes the list to .contexts of the dict it is g
 {{- range $name := keys $root.Values.pools | sortAlpha -}}
 {{- $values := deepCopy $root.Values -}}
 {{- range $key, $value := index $root.Values.pools $name -}}
+{{- if eq $key "kvmProbe" -}}
+{{- /* A pool's kvmProbe replaces the top-level kvmProbe's keys one by one. */ -}}
+{{- $probe := deepCopy $values.kvmProbe -}}
+{{- range $k, $v := $value }}{{ $_ := set $probe $k $v }}{{ end -}}
+{{- $_ := set $values $key $probe -}}
+{{- else -}}
 {{- $_ := set $values $key $value -}}
+{{- end -}}
 {{- end -}}
 {{- $contexts = append $contexts (dict "Values" $values "Pool" $name "Release" $root.Release "Chart" $root.Chart "Capabilities" $root.Capabilities "Template" $root.Template "Files" $root.Files) -}}
 {{- else -}}
@@ -268,11 +275,13 @@ The project's home (values.home, no trailing slash): its source repository.
 {{- end -}}
 
 {{/*
-A link to a file of the project's repository, as GitHub serves it:
+A link to a file of the project's repository at the chart's version (the tag v<version>,
+which tools/release.sh asks to push with the release), as GitHub serves it, so that the
+runbook and pages an installed chart links to are those of its own release:
   include "ate-devplugin.docsUrl" (list . "docs/dra.md")
 */}}
 {{- define "ate-devplugin.docsUrl" -}}
-{{- printf "%s/blob/main/%s" (include "ate-devplugin.home" (index . 0)) (index . 1) -}}
+{{- printf "%s/blob/v%s/%s" (include "ate-devplugin.home" (index . 0)) (index . 0).Chart.Version (index . 1) -}}
 {{- end -}}
 
 {{/*

@@ -23,8 +23,11 @@ REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "chart" / "files" / "alerts.yaml"
 TESTS = Path(__file__).resolve().parent / "alerts_test.yaml"
 RUNBOOK = REPO / "docs" / "runbook.md"
-# The chart renders runbook_url from its home value; the plain rules file writes the same out.
-RUNBOOK_URL = yaml.safe_load((REPO / "chart" / "values.yaml").read_text())["home"] + "/blob/main/docs/runbook.md#"
+# The chart renders runbook_url from its home value at its version (the tag v<version>); the
+# plain rules file writes the same out.
+_HOME = yaml.safe_load((REPO / "chart" / "values.yaml").read_text())["home"]
+_VERSION = yaml.safe_load((REPO / "chart" / "Chart.yaml").read_text())["version"]
+RUNBOOK_URL = f"{_HOME}/blob/v{_VERSION}/docs/runbook.md#"
 SEVERITIES = {"critical", "warning", "info"}
 
 

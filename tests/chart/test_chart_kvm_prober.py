@@ -194,3 +194,85 @@ def test_uninstall_stops_the_probers_before_the_drivers(any_helm: Helm, mode: st
     assert container["args"][2:] == [*(f"--first={p}" for p in probers), *drivers]
     (role,) = by_kind(hooks, "Role")
     assert sorted(role["rules"][0]["resourceNames"]) == sorted(probers + drivers)
+
+
+# --- timings, placement and pools (kvmProbe.periodSeconds ... priorityClassName) ---------------
+
+
+def _pod_spec(ds: Manifest) -> dict[str, Any]:
+    spec: dict[str, Any] = ds["spec"]["template"]["spec"]
+    return spec
+
+
+def test_the_probes_timings_and_taint_effect_are_values(any_helm: Helm) -> None:
+    args = _daemon_args(any_helm.template(sets=["kvmProbe.periodSeconds=30", "kvmProbe.timeoutSeconds=7"]))
+    assert "--kvm-probe-period=30" in args
+    assert "--kvm-probe-timeout=7" in args
+    assert "--kvm-probe-period=60" in _daemon_args(any_helm.template())
+    assert "--dra-taint-effect=NoSchedule" in _daemon_args(any_helm.template(sets=["dra.mode=dra"]))
+    assert "--dra-taint-effect=NoExecute" in _daemon_args(
+        any_helm.template(sets=["dra.mode=both", "dra.taintEffect=NoExecute"])
+    )
+    off = _daemon_args(any_helm.template(sets=["kvmProbe.enabled=false"]))
+    assert not [a for a in off if a.startswith(("--kvm-probe-period", "--kvm-probe-timeout"))]
+
+
+def test_by_default_the_prober_runs_where_the_daemon_runs(any_helm: Helm) -> None:
+    for sets in ([], ["nodeFeatureRule.enabled=true"]):
+        docs = any_helm.template(sets=sets, api_versions=["nfd.k8s-sigs.io/v1alpha1/NodeFeatureRule"])
+        (daemon,) = daemonsets(docs)
+        prober = _prober(docs)
+        for key in ("nodeSelector", "affinity", "tolerations", "priorityClassName"):
+            assert _pod_spec(prober).get(key) == _pod_spec(daemon).get(key), key
+
+
+def test_the_probers_own_placement_narrows_or_replaces_the_daemons(any_helm: Helm) -> None:
+    docs = any_helm.template(
+        sets=[
+            "kvmProbe.nodeSelector.kvm=yes",
+            "kvmProbe.nodeRequirements[0].key=node-role.kubernetes.io/control-plane",
+            "kvmProbe.nodeRequirements[0].operator=DoesNotExist",
+            "kvmProbe.tolerations[0].operator=Exists",
+            "kvmProbe.tolerations[0].key=k",
+            "kvmProbe.priorityClassName=system-cluster-critical",
+        ]
+    )
+    (daemon,) = daemonsets(docs)
+    prober = _pod_spec(_prober(docs))
+    assert prober["nodeSelector"] == {**_pod_spec(daemon)["nodeSelector"], "kvm": "yes"}
+    (term,) = prober["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    (daemon_term,) = _pod_spec(daemon)["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    expected = [
+        *daemon_term["matchExpressions"],
+        {"key": "node-role.kubernetes.io/control-plane", "operator": "DoesNotExist"},
+    ]
+    assert term["matchExpressions"] == expected
+    assert prober["tolerations"] == [{"key": "k", "operator": "Exists"}]
+    assert prober["priorityClassName"] == "system-cluster-critical"
+    assert _pod_spec(daemon)["priorityClassName"] == "system-node-critical"
+
+
+def test_a_pool_sets_the_probe_key_by_key(any_helm: Helm) -> None:
+    docs = any_helm.template(
+        sets=[
+            "kvmProbe.timeoutSeconds=9",
+            "pools.vm.nodeSelector.pool=vm",
+            "pools.vm.kvmProbe.periodSeconds=15",
+            "pools.build.nodeSelector.pool=build",
+            "pools.build.kvmProbe.enabled=false",
+        ]
+    )
+    args = {d["metadata"]["labels"]["ate.dev/pool"]: d["spec"]["template"]["spec"]["containers"][0]["args"]
+            for d in daemonsets(docs)}  # fmt: skip
+    assert "--kvm-probe-period=15" in args["vm"]
+    assert "--kvm-probe-timeout=9" in args["vm"], "the keys the pool does not set come from the top level"
+    assert "--kvm-probe=off" in args["build"]
+    probers = [d["metadata"]["labels"]["ate.dev/pool"] for d in by_kind(docs, "DaemonSet") if is_kvm_prober(d)]
+    assert probers == ["vm"]
+    # And the other way round: off at the top level, on in one pool.
+    docs = any_helm.template(
+        sets=["kvmProbe.enabled=false", "pools.a.nodeSelector.p=a", "pools.a.kvmProbe.enabled=true"]
+    )
+    assert [d["metadata"]["labels"]["ate.dev/pool"] for d in by_kind(docs, "DaemonSet") if is_kvm_prober(d)] == ["a"]

@@ -358,7 +358,7 @@ def test_install_notes_in_dra_modes(helm_v4: Helm, any_helm: Helm, mode: str) ->
     (container,) = pod["spec"]["containers"]
     assert container["resources"] == {"claims": [{"name": request["name"]}]}
     assert "privileged" not in json.dumps(pod)
-    assert f"kubectl delete resourceclaimtemplate {template['metadata']['name']}" in notes
+    assert f"kubectl -n vm-workers delete resourceclaimtemplate {template['metadata']['name']}" in notes
     assert "grep '^ate_devplugin_" in notes
     # Offline the policy is rendered (every release DRA runs on serves it): no warning.
     assert "no policy keeps the driver to its own node's" not in notes
@@ -392,4 +392,6 @@ def test_install_notes_with_the_kvm_prober(helm_v4: Helm, mode: str) -> None:
     assert "grep '^ate_devplugin_kvm_probe_state'" in notes
     assert "one unit of ate.dev/kvm-prober" in notes
     assert ("and its devices tainted" in notes) is (mode == "dra")
-    assert "KVM prober" not in _notes(helm_v4, f"dra.mode={mode}", "kvmProbe.enabled=false")
+    off = _notes(helm_v4, f"dra.mode={mode}", "kvmProbe.enabled=false")
+    assert "kvm-prober" not in off
+    assert "no KVM prober (kvmProbe.enabled=false)" in off

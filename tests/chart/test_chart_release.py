@@ -105,12 +105,13 @@ def test_release_publishes_where_home_says() -> None:
 
 def test_the_alert_rules_link_the_homes_runbook() -> None:
     """chart/files/alerts.yaml is read by promtool as it is: its runbook links are
-    written out, and must be the ones the chart renders from home."""
+    written out, and must be the ones the chart renders from home, at the chart's version."""
     doc = yaml.safe_load((CHART / "files" / "alerts.yaml").read_text())
     rules = [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
     assert rules
+    runbook = f"{HOME}/blob/v{CHART_YAML['version']}/docs/runbook.md"
     for rule in rules:
-        assert rule["annotations"]["runbook_url"] == f"{HOME}/blob/main/docs/runbook.md#{rule['alert'].lower()}"
+        assert rule["annotations"]["runbook_url"] == f"{runbook}#{rule['alert'].lower()}"
 
 
 def test_another_home_moves_every_name_the_chart_renders(helm_v4: Helm) -> None:
@@ -124,7 +125,8 @@ def test_another_home_moves_every_name_the_chart_renders(helm_v4: Helm) -> None:
     rendered = helm_v4.run("template", "ate-devplugin", str(CHART), "-n", "ate-system", "--set",
                            "kubeVersionOverride=1.36", *sets)  # fmt: skip
     assert rendered.returncode == 0, rendered.stderr
-    assert f"{home}/blob/main/docs/dra.md" in rendered.stdout
+    tag = f"v{CHART_YAML['version']}"
+    assert f"{home}/blob/{tag}/docs/dra.md" in rendered.stdout
     out = helm_v4.run("install", "ate-devplugin", str(CHART), "--dry-run=client", "-n", "ate-system", *sets)
     assert out.returncode == 0, out.stderr
     for text in (rendered.stdout, out.stdout):
@@ -137,10 +139,10 @@ def test_another_home_moves_every_name_the_chart_renders(helm_v4: Helm) -> None:
     (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
     urls = {r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
     assert urls
-    assert all(u.startswith(f"{home}/blob/main/docs/runbook.md#atedevplugin") for u in urls)
+    assert all(u.startswith(f"{home}/blob/{tag}/docs/runbook.md#atedevplugin") for u in urls)
     notes = out.stdout.split("NOTES:", 1)[1]
-    assert f"{home}/blob/main/docs/dra.md" in notes
-    assert f"{home}/blob/main/docs/non-root-consumers.md" in notes
+    assert f"{home}/blob/{tag}/docs/dra.md" in notes
+    assert f"{home}/blob/{tag}/docs/non-root-consumers.md" in notes
 
 
 def test_a_home_off_github_needs_the_image_named(helm_v4: Helm) -> None:

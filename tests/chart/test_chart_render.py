@@ -48,9 +48,11 @@ def test_template_ci_values(helm: Helm, ci_values: Path) -> None:
     docs = helm.template([ci_values])
     kinds = [d["kind"] for d in docs]
     values = yaml.safe_load(ci_values.read_text()) or {}
-    pools = values.get("pools", {})
-    probers = 2 if values.get("kvmProbe", {}).get("enabled", True) else 1  # the prober's DaemonSet beside each
-    assert kinds.count("DaemonSet") == max(1, len(pools)) * probers
+    pools = values.get("pools", {}) or {"": {}}
+    probed = values.get("kvmProbe", {}).get("enabled", True)
+    # The prober's DaemonSet beside each daemon's whose pool (key by key) keeps kvmProbe.enabled.
+    probers = sum(1 for pool in pools.values() if pool.get("kvmProbe", {}).get("enabled", probed))
+    assert kinds.count("DaemonSet") == len(pools) + probers
     for doc in docs:
         assert doc["apiVersion"], doc
         assert doc["metadata"]["name"], doc

@@ -112,6 +112,41 @@ BAD_VALUES: list[tuple[str, str, list[str]]] = [
     ("bad-interval", "serviceMonitor: {interval: soon}", ["/serviceMonitor/interval"]),
     ("nodeport-service", "service: {type: NodePort}", ["/service/type"]),
     ("bad-label-values", "commonLabels: {team: 3}", ["/commonLabels/team"]),
+    # Typos at every level the chart owns: a misspelt key is refused, not ignored.
+    ("typo-in-global", "global: {imageRegistery: registry.example.com}", ["invalid propertyName 'imageRegistery'"]),
+    ("typo-in-pod-security-context", "podSecurityContext: {runAsUsr: 1}", ["/podSecurityContext", "runAsUsr"]),
+    (
+        "typo-in-security-context",
+        "securityContext: {readOnlyRootFileSystem: true}",
+        ["/securityContext", "readOnlyRootFileSystem"],
+    ),
+    (
+        "typo-in-capabilities",
+        "securityContext: {capabilities: {drop: [ALL], dorp: [NET_RAW]}}",
+        ["/securityContext/capabilities", "dorp"],
+    ),
+    ("typo-in-seccomp-profile", "securityContext: {seccompProfile: {typ: RuntimeDefault}}", ["seccompProfile", "typ"]),
+    ("typo-in-resources", "resources: {limit: {memory: 1Gi}}", ["/resources", "limit"]),
+    ("typo-in-kvm-probe", "kvmProbe: {periodSecond: 30}", ["/kvmProbe", "periodSecond"]),
+    ("typo-in-kvm-probe-resources", "kvmProbe: {resources: {limit: {cpu: 1}}}", ["/kvmProbe/resources", "limit"]),
+    (
+        "typo-in-kvm-probe-security-context",
+        "kvmProbe: {podSecurityContext: {runAsUser: 0, runAsGroup: 0, runAsNonroot: false}}",
+        ["/kvmProbe/podSecurityContext", "runAsNonroot"],
+    ),
+    (
+        "typo-in-test-security-context",
+        "test: {podSecurityContext: {fsgroup: 1}}",
+        ["/test/podSecurityContext", "fsgroup"],
+    ),
+    (
+        "undefined-alert-disabled",
+        "prometheusRule: {disabledAlerts: [AteDevpluginAllocateSlowness]}",
+        ["/prometheusRule/disabledAlerts/0", "AteDevpluginAllocateSlow"],
+    ),
+    ("bad-taint-effect", "dra: {taintEffect: PreferNoSchedule}", ["/dra/taintEffect"]),
+    ("zero-probe-timeout", "kvmProbe: {timeoutSeconds: 0}", ["/kvmProbe/timeoutSeconds"]),
+    ("pool-sets-probe-socket", "pools: {a: {kvmProbe: {socketDir: /x}}}", ["/pools/a/kvmProbe", "socketDir"]),
 ]
 
 
@@ -126,6 +161,31 @@ def test_bad_values_rejected(
         assert fragment in message, f"{fragment!r} not in helm's error:\n{message}"
     # One clear line per problem, not a template stack dump.
     assert "Use --debug" not in message or "execution error" in message
+
+
+TYPOS = [c for c in BAD_VALUES if c[0].startswith("typo-") or c[0] == "undefined-alert-disabled"]
+
+
+@pytest.mark.parametrize(("values", "fragments"), [c[1:] for c in TYPOS], ids=[c[0] for c in TYPOS])
+def test_typos_fail_lint(helm: Helm, write_values: Callable[[str], Path], values: str, fragments: list[str]) -> None:
+    """`helm lint` refuses them as `helm template` and `install` do."""
+    out = helm.run("lint", str(CHART), "--values", str(write_values(values)))
+    assert out.returncode != 0, out.stdout
+    for fragment in fragments:
+        assert fragment in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        "global: {storageClass: fast, imageRegistry: registry.example.com}",  # a parent chart's own globals
+        "pools: {nokvm: {nodeSelector: {pool: nokvm}, kvmProbe: {enabled: false}}}",
+        "prometheusRule: {disabledAlerts: [AteDevpluginAllocateSlow]}",
+        "podSecurityContext: {runAsUser: 0, runAsGroup: 0, runAsNonRoot: false, fsGroup: 0, supplementalGroups: [1]}",
+    ],
+)
+def test_what_the_schema_still_accepts(helm: Helm, write_values: Callable[[str], Path], values: str) -> None:
+    assert helm.template([write_values(values)])
 
 
 def test_schema_is_draft7_and_accepts_defaults_and_ci_files() -> None:

@@ -3,7 +3,7 @@ docs/configuration.md with its environment variable and default (a table generat
 daemon's table of options, tools/gen-settings-doc.py), every field of the
 config file in its example, the check-config examples as the command prints them, every
 metric in docs/observability.md or docs/dra.md with its labels; the README installs as
-the chart README does."""
+docs/install.md does."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def test_every_metric_is_documented_with_its_labels() -> None:
 
 
 @pytest.mark.parametrize("block", ["install", "verify", "helm-test"])
-def test_the_readme_installs_as_the_chart_readme_does(block: str) -> None:
-    """The README's install commands are the chart README's, which the real-cluster suite
+def test_the_readme_installs_as_the_install_page_does(block: str) -> None:
+    """The README's install commands are docs/install.md's, which the real-cluster suite
     runs as printed (tests/e2e/test_user_path.py)."""
     assert doc_block(block, REPO / "README.md") == doc_block(block)

@@ -62,7 +62,7 @@ def cluster_with_release(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         node.run(["mkdir", "-p", PRIVATE_DEV])  # no KVM on this node
     try:
         # A 2 s probe period: the prober is gone after 3 periods, 6 s (test_the_prober_gone).
-        period = "daemon.extraArgs={--kvm-probe-period=2}"
+        period = "kvmProbe.periodSeconds=2"
         start = time.monotonic()
         out = helm.install("--set", f"hostPaths.dev={PRIVATE_DEV}", "--set", period)
         print(f"helm install --wait returned 0 after {time.monotonic() - start:.1f}s: {out.stdout.strip()[:200]!r}")

@@ -122,12 +122,19 @@ class Helm:
         return [d for d in docs if d]
 
 
-def doc_block(name: str, doc: Path = CHART / "README.md") -> str:
-    """The shell block after ``<!-- tested: NAME -->`` in ``doc``, as a shell reads it (the
-    list item's indentation removed): the commands the documentation prints, for the tests
-    that run them."""
-    found = re.search(rf"<!-- tested: {re.escape(name)} -->\n( *)```sh\n(.*?)\n *```", doc.read_text(), re.DOTALL)
-    assert found, f"{doc.name} has no block marked <!-- tested: {name} -->"
+#: The operator's pages that hold the tested commands: the install path, then the chart's reference.
+OPERATOR_PAGES = (REPO / "docs" / "install.md", CHART / "README.md")
+
+
+def doc_block(name: str, doc: Path | None = None) -> str:
+    """The shell block after ``<!-- tested: NAME -->`` in ``doc`` (by default the one operator
+    page of OPERATOR_PAGES that has it), as a shell reads it (the list item's indentation
+    removed): the commands the documentation prints, for the tests that run them."""
+    pattern = rf"<!-- tested: {re.escape(name)} -->\n( *)```sh\n(.*?)\n *```"
+    pages = [doc] if doc else [p for p in OPERATOR_PAGES if re.search(pattern, p.read_text(), re.DOTALL)]
+    assert len(pages) == 1, f"expected one page with a block marked <!-- tested: {name} -->, got {pages}"
+    found = re.search(pattern, pages[0].read_text(), re.DOTALL)
+    assert found, f"{pages[0].name} has no block marked <!-- tested: {name} -->"
     indent = len(found[1])
     return "\n".join(line[indent:] for line in found[2].splitlines()) + "\n"
 

@@ -259,6 +259,7 @@ GROUPS = (
                 "the effect of the taint on the devices of a KVM resource that fails its probe: NoSchedule keeps "
                 "new claims off them, NoExecute also evicts the pods of allocated claims that do not tolerate it",
                 applies=DRA_ONLY,
+                chart="use dra.taintEffect",
                 doc="`NoSchedule` ([kvm-health.md](kvm-health.md#dra-device-taints))",
             ),
         ),
@@ -285,6 +286,7 @@ GROUPS = (
                 "seconds between functional probes of each KVM resource, jittered by a tenth; it is probed at start "
                 "and on every change of its device node too; 0: only then",
                 applies=Applies(switch="kvm_probe"),
+                chart="use kvmProbe.periodSeconds",
                 doc="`60` ([kvm-health.md](kvm-health.md))",
             ),
             Option(
@@ -294,6 +296,7 @@ GROUPS = (
                 "SECONDS",
                 "a probe with no verdict by then is killed and the device Unhealthy (timed-out)",
                 applies=Applies(switch="kvm_probe"),
+                chart="use kvmProbe.timeoutSeconds",
             ),
             Option(
                 "kvm_probe_socket",
