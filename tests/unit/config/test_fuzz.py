@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ate_devplugin.api.deviceplugin.v1beta1 import api_pb2 as pb
@@ -30,15 +30,7 @@ from ate_devplugin.config import (
     parse_resources,
     profile_entry,
 )
-
-EXAMPLES = int(os.environ.get("ATE_FUZZ_EXAMPLES", "300"))
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+from tests.harness.fuzz import FUZZ
 
 # --- what an accepted config must give: checked with the real message format ---------
 

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ate_devplugin.cpu.features import Register, vendor
@@ -20,15 +19,8 @@ from ate_devplugin.kvm import wire
 from ate_devplugin.kvm.facts import DeviceFacts, NodeFacts, cpu_profile
 from ate_devplugin.kvm.probe import ProbeResult
 from ate_devplugin.kvm.reasons import Reason
+from tests.harness.fuzz import FUZZ
 
-EXAMPLES = int(os.environ.get("ATE_FUZZ_EXAMPLES", "300"))
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
 VENDOR = Register(0, 0, 1)
 FACTS = DeviceFacts(12, {"max_vcpus": 1024}, "ab" * 16, ("sse", "vmx"), {VENDOR: 0x756E6547}, 2_995_200)
 RESULT = ProbeResult("/dev/kvm", Reason.PASSED, "ok", 0.02, "10:232", 12, ("hlt",), True, FACTS)
