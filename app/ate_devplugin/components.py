@@ -72,7 +72,7 @@ class Liveness(Protocol):
 class Watching(Protocol):
     def watches(self) -> Watches:
         """The directories, files and sockets whose events it needs; asked again after every
-        batch, before and after the discoveries."""
+        batch, before and after each view."""
 
     def on_fs_events(self, batch: Sequence[FsEvent]) -> None:
         """A batch of filesystem events; a view follows every batch, so device changes need no handling here."""

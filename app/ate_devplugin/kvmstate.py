@@ -4,8 +4,8 @@ The KVM health component (kvmhealth/) is the one owner of this state: per resour
 ``health: kvm``, the verdict that holds, the node's facts (read once), what the last
 passing probe learned of the device, and whether the node can restore each of the
 resource's restore profiles (docs/restore-placement.md). It publishes every resource's state at once in a
-:class:`KvmChanged` notice, which the supervisor hears (:class:`HearsKvm`): it builds the one
-view every consumer renders of it (view.py), where a node that is not KVM's ``10:232``
+:class:`KvmChanged` notice, which the supervisor's views alone hear (view.Views, :class:`HearsKvm`):
+they build the one view every consumer renders of it, where a node that is not KVM's ``10:232``
 fails whatever was said before, needing no probe to know it.
 """
 

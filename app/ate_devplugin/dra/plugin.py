@@ -79,7 +79,7 @@ class DraPlugin:
         # Device name -> resource, of every present resource's devices in the configured
         # model: a claim the scheduler allocated just before a fallback to slots still prepares.
         self._present: dict[str, str] = {}
-        self._healthy: dict[str, bool] = {}  # resource -> its devices' health at the last discovery
+        self._healthy: dict[str, bool] = {}  # resource -> its devices' health in the last view
         self.taints = TaintBook(driver, settings.dra_taint_effect)
 
     def _lookup(self, device: str) -> str | None:
@@ -192,7 +192,7 @@ class DraPlugin:
 
     def _note_health(self, resource: str, healthy: bool) -> None:
         """The time of a change of the resource's health (absent until first seen present)."""
-        gauge = self.metrics.health_changed.labels(resource)  # at 0 from the first discovery
+        gauge = self.metrics.health_changed.labels(resource)  # at 0 from the first view
         if healthy != self._healthy.get(resource, False):
             gauge.set_to_current_time()
         self._healthy[resource] = healthy
